@@ -25,7 +25,8 @@ from torch import nn
 from evo.checkpoint import load_state, save_state
 from evo.hparams import HParam
 
-__all__ = ["Agent", "TorchAgent", "AgentContext", "Evaluation", "EXPORT_CONFIG", "clone_tree"]
+__all__ = ["Agent", "TorchAgent", "AgentContext", "Evaluation", "EXPORT_CONFIG", "clone_tree",
+           "optimizer_state", "load_optimizer_state"]
 
 EXPORT_CONFIG = "config.json"
 EXPORT_STATE_DIR = "agent"
@@ -270,3 +271,16 @@ class TorchAgent(Agent):
                     p.add_(noise * (sd * rms))
                     count += p.numel()
         return {"op": "weight_noise", "sd": sd, "perturbed": count}
+
+
+def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """`opt.state_dict()` in a checkpointable shape (string keys; tensors stay tensors)."""
+    sd = opt.state_dict()
+    return {"state": {str(k): dict(v) for k, v in sd["state"].items()}, "param_groups": sd["param_groups"]}
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, data: dict[str, Any]) -> None:
+    """Inverse of `optimizer_state`; tensors are copied so the optimizer never aliases `data`."""
+    state = {int(k): {n: (t.clone() if torch.is_tensor(t) else t) for n, t in v.items()} for k, v in data["state"].items()}
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in data["param_groups"]]
+    opt.load_state_dict({"state": state, "param_groups": groups})

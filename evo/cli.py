@@ -1,0 +1,238 @@
+"""The `evo` command: run, resume, runs, leaderboard, lineage, export.
+
+Exit codes: 0 success; 1 a run failed; 2 bad input (experiment file, arguments, unknown run);
+130 interrupted (the run stays resumable from its last completed generation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+
+class UsageError(Exception):
+    """Bad input a person can fix; printed without a traceback, exit 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="evo", description="Evolve populations of RL agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start a population run from an experiment file")
+    run.add_argument("experiment", help="experiment TOML file")
+    run.add_argument("--name", help="run name (default: the experiment's name, suffixed if taken)")
+    run.add_argument("--backend", choices=["ray", "inline"], help="override the experiment's backend")
+    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.add_argument("--generations", type=int, help="override population.generations")
+    run.add_argument("--seed", type=int, help="override the experiment's seed")
+    run.add_argument("--runs-dir", default="runs", help="where run directories live (default: runs)")
+
+    res = sub.add_parser("resume", help="continue an interrupted run from its last completed generation")
+    res.add_argument("run")
+    res.add_argument("--backend", choices=["ray", "inline"])
+    res.add_argument("--address")
+    res.add_argument("--generations", type=int, help="run until this many generations are complete")
+    res.add_argument("--runs-dir", default="runs")
+
+    ls = sub.add_parser("runs", help="list runs with status, generations done and best fitness")
+    ls.add_argument("--runs-dir", default="runs")
+
+    lb = sub.add_parser("leaderboard", help="the last generation's members, elite first")
+    lb.add_argument("run")
+    lb.add_argument("--top", type=int)
+    lb.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    lb.add_argument("--runs-dir", default="runs")
+
+    ex = sub.add_parser("export", help="write the elite (or --member) as a self-contained directory")
+    ex.add_argument("run")
+    ex.add_argument("--out", required=True)
+    ex.add_argument("--member", type=int)
+    ex.add_argument("--runs-dir", default="runs")
+
+    li = sub.add_parser("lineage", help="a member's chain of ancestors and mutations")
+    li.add_argument("run")
+    li.add_argument("--member", type=int, required=True)
+    li.add_argument("--runs-dir", default="runs")
+    return p
+
+
+def _free_name(runs_dir: Path, name: str) -> str:
+    if not (runs_dir / name).exists():
+        return name
+    n = 2
+    while (runs_dir / f"{name}-{n}").exists():
+        n += 1
+    return f"{name}-{n}"
+
+
+def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None) -> int:
+    from evo.display import RunDisplay
+    from evo.population import evolve, make_scheduler
+
+    total = generations or exp.population.generations
+    display = RunDisplay(store.name, total, exp.population.size, backend)
+    scheduler = None
+    try:
+        scheduler = make_scheduler(exp, backend, address)
+        with display:
+            evolve(exp, store, scheduler, total, progress=display.member_event,
+                   on_generation=display.generation_done, on_generation_start=display.generation_start)
+    except KeyboardInterrupt:
+        store.set(status="interrupted")
+        print(f"\ninterrupted; resume with: evo resume {store.name}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        store.set(status="failed", error=f"{type(exc).__name__}: {exc}")
+        print(f"evo: run {store.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"the last completed generation is kept; after fixing the cause: evo resume {store.name}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if scheduler is not None:
+            scheduler.close()
+    best = store.evaluations()
+    if best:
+        print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
+              f"elite member {best[0]['index']} fitness {best[0]['score']:.4g} — {store.path}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from evo.runstore import RunStore
+    from evo.spec import load_experiment
+
+    overrides: dict[str, Any] = {}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.generations is not None:
+        overrides["population.generations"] = args.generations
+    if args.backend is not None:
+        overrides["backend"] = args.backend
+    exp, text = load_experiment(args.experiment, overrides)
+    runs_dir = Path(args.runs_dir)
+    name = args.name or _free_name(runs_dir, exp.name)
+    store = RunStore.create(runs_dir, name, text, exp.model_dump(mode="json"), source=str(args.experiment))
+    store.set(backend=exp.backend)
+    return _execute(store, exp, exp.backend, args.address, None)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from evo.runstore import RunStore
+    from evo.spec import parse_experiment
+
+    store = RunStore.open(args.run, args.runs_dir)
+    overrides = {"population.generations": args.generations} if args.generations else None
+    exp = parse_experiment(store.experiment(), f"{store.path}/experiment", overrides)
+    done = store.last_completed_generation() + 1
+    total = exp.population.generations
+    if done >= total:
+        print(f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
+        return 0
+    backend = args.backend or store.get("backend") or exp.backend
+    if args.generations:
+        data = store.experiment()
+        data["population"]["generations"] = args.generations
+        store.set(experiment=json.dumps(data, sort_keys=True))
+    print(f"resuming {store.name} at generation {done} of {total}")
+    return _execute(store, exp, backend, args.address, total)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from evo.runstore import RunStore
+
+    runs = RunStore.list_runs(args.runs_dir)
+    if not runs:
+        print(f"no runs in {args.runs_dir}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for col in ("run", "agent", "status", "generations", "best fitness", "updated"):
+        table.add_column(col)
+    for r in runs:
+        best = "-" if r["best_fitness"] is None else f"{r['best_fitness']:.4g}"
+        table.add_row(r["name"], str(r["agent"]), r["status"], f"{r['generations_done']}/{r['generations']}", best,
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
+    Console(width=140).print(table)
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from evo.leaderboard import leaderboard_rows, render
+    from evo.runstore import RunStore
+
+    store = RunStore.open(args.run, args.runs_dir)
+    rows = leaderboard_rows(store, args.top)
+    if not rows and args.format == "table":
+        print(f"run {store.name}: no completed generation yet (status {store.status})")
+        return 0
+    title = f"{store.name} — generation {store.last_completed_generation()} ({store.status})"
+    sys.stdout.write(render(rows, args.format, title))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from agents import agent_class
+    from agents.base import AgentContext
+    from evo.checkpoint import load_state
+    from evo.runstore import RunStore
+
+    store = RunStore.open(args.run, args.runs_dir)
+    row, path, digest = store.trained_checkpoint(args.member)
+    state, _ = load_state(path, expect_digest=digest)
+    exp = store.experiment()
+    cls = agent_class(exp["agent"]["kind"])
+    from evo.spec import parse_experiment
+
+    task = parse_experiment(exp, f"{store.path}/experiment").task()
+    agent = cls.from_state(state, AgentContext(task=task))
+    out = agent.export(args.out, info={"run": store.name, "generation": row["generation"], "member": row["index"],
+                                       "fitness": row["score"], "evaluations": row["history"]})
+    print(f"exported member {row['index']} (generation {row['generation']}, fitness {row['score']:.4g}) to {out}")
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from evo.leaderboard import _mutation_summary
+    from evo.runstore import RunStore
+
+    store = RunStore.open(args.run, args.runs_dir)
+    for m in store.lineage(args.member):
+        best = "-" if m["best_score"] is None else f"{m['best_score']:.4g}"
+        origin = "founder" if m["parent"] is None else f"child of {m['parent']} via {_mutation_summary(m['mutation'])}"
+        print(f"member {m['index']:>4}  born gen {m['born']:>3}  best fitness {best:>10}  {origin}")
+        if m["mutation"]:
+            print(f"      mutation: {json.dumps(m['mutation'], sort_keys=True, default=str)}")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "resume": cmd_resume, "runs": cmd_runs, "leaderboard": cmd_leaderboard,
+            "export": cmd_export, "lineage": cmd_lineage}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from evo.checkpoint import CheckpointError
+    from evo.runstore import RunStoreError
+    from evo.spec import SpecError
+
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (SpecError, RunStoreError, UsageError) as exc:
+        print(f"evo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CheckpointError as exc:
+        print(f"evo: refusing a damaged checkpoint: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

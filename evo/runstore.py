@@ -1,0 +1,341 @@
+"""The run store: the only writer of a run directory.
+
+    runs/<name>/
+      run.sqlite        members, lineage, evaluations, mutations, generations, status, experiment
+      experiment.toml   the experiment file exactly as given
+      checkpoints/gNNNN/{start,trained}/mNNNNN/   safetensors + JSON (evo.checkpoint)
+
+A generation becomes durable in one SQLite transaction that records its evaluations *and* the
+next population. Checkpoint files are written (atomically, each) before that transaction, so a
+crash at any point leaves the last completed generation intact and resumable: files written by
+an unfinished generation are simply written again. Everything a person sees — leaderboard,
+lineage, export, resume — reads from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from evo.checkpoint import load_state, save_state
+
+__all__ = ["RunStore", "RunStoreError", "MemberRecord", "EvaluatedMember", "DB_NAME"]
+
+DB_NAME = "run.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS members (
+    idx INTEGER PRIMARY KEY, parent INTEGER, born INTEGER NOT NULL, mutation TEXT);
+CREATE TABLE IF NOT EXISTS population (
+    generation INTEGER NOT NULL, idx INTEGER NOT NULL, checkpoint TEXT, digest TEXT,
+    history TEXT NOT NULL, arch TEXT NOT NULL, hparams TEXT NOT NULL,
+    PRIMARY KEY (generation, idx));
+CREATE TABLE IF NOT EXISTS evaluations (
+    generation INTEGER NOT NULL, idx INTEGER NOT NULL, fitness REAL NOT NULL, score REAL NOT NULL,
+    history TEXT NOT NULL, metrics TEXT NOT NULL, train_metrics TEXT NOT NULL,
+    checkpoint TEXT, digest TEXT, arch TEXT NOT NULL, hparams TEXT NOT NULL, wall_s REAL,
+    PRIMARY KEY (generation, idx));
+CREATE TABLE IF NOT EXISTS mutations (
+    child INTEGER PRIMARY KEY, parent INTEGER NOT NULL, generation INTEGER NOT NULL,
+    kind TEXT NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS generations (
+    generation INTEGER PRIMARY KEY, completed_at REAL NOT NULL, best_idx INTEGER NOT NULL,
+    best_score REAL NOT NULL, wall_s REAL NOT NULL);
+"""
+
+
+class RunStoreError(RuntimeError):
+    """A run directory that is missing, already exists, or is not an evo run."""
+
+
+@dataclass
+class MemberRecord:
+    """A member as the store knows it: identity, lineage and fitness history."""
+
+    index: int
+    parent: int | None
+    born: int
+    mutation: dict[str, Any] | None
+    arch: dict[str, Any]
+    hparams: dict[str, Any]
+    history: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EvaluatedMember:
+    record: MemberRecord
+    fitness: float
+    score: float
+    metrics: dict[str, float]
+    train_metrics: dict[str, float]
+    state: dict[str, Any]
+    wall_s: float = 0.0
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+class RunStore:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+
+    # ---- opening ----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, runs_dir: str | Path, name: str, experiment_text: str, experiment: dict[str, Any],
+               source: str = "") -> "RunStore":
+        path = Path(runs_dir) / name
+        if path.exists():
+            raise RunStoreError(f"{path}: a run with this name exists; use `evo resume {name}` or pick another --name")
+        tmp = Path(runs_dir) / f".{name}.creating"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "experiment.toml").write_text(experiment_text)
+        db = sqlite3.connect(tmp / DB_NAME)
+        db.executescript(_SCHEMA)
+        now = time.time()
+        rows = {"name": name, "status": "created", "experiment_toml": experiment_text, "source": source,
+                "experiment": _dumps(experiment), "created_at": repr(now), "updated_at": repr(now), "schema": "1"}
+        db.executemany("INSERT INTO run VALUES (?, ?)", rows.items())
+        db.commit()
+        db.close()
+        tmp.rename(path)  # the run appears whole or not at all
+        return cls(path)
+
+    @classmethod
+    def open(cls, run: str | Path, runs_dir: str | Path = "runs") -> "RunStore":
+        path = Path(run)
+        if not (path / DB_NAME).is_file():
+            path = Path(runs_dir) / str(run)
+        if not (path / DB_NAME).is_file():
+            raise RunStoreError(f"no run {str(run)!r}: neither {run} nor {Path(runs_dir) / str(run)} holds {DB_NAME}")
+        return cls(path)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ---- run-level facts ----------------------------------------------------------------------
+    def get(self, key: str, default: str | None = None) -> str | None:
+        row = self._db.execute("SELECT value FROM run WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set(self, **values: Any) -> None:
+        with self._transaction() as db:
+            for key, value in {**values, "updated_at": repr(time.time())}.items():
+                db.execute("INSERT OR REPLACE INTO run VALUES (?, ?)", (key, str(value)))
+
+    @property
+    def name(self) -> str:
+        return self.get("name") or self.path.name
+
+    @property
+    def status(self) -> str:
+        return self.get("status") or "unknown"
+
+    def experiment(self) -> dict[str, Any]:
+        return json.loads(self.get("experiment") or "{}")
+
+    # ---- writing generations ----------------------------------------------------------------
+    def _write_checkpoint(self, generation: int, phase: str, index: int, state: dict[str, Any]) -> tuple[str, str]:
+        rel = f"checkpoints/g{generation:04d}/{phase}/m{index:05d}"
+        digest = save_state(self.path / rel, state, meta={"generation": generation, "phase": phase, "index": index})
+        return rel, digest
+
+    def _insert_population(self, db: sqlite3.Connection, generation: int,
+                           rows: list[tuple[MemberRecord, str, str]]) -> None:
+        for rec, rel, digest in rows:
+            db.execute("INSERT OR IGNORE INTO members VALUES (?, ?, ?, ?)",
+                       (rec.index, rec.parent, rec.born, _dumps(rec.mutation) if rec.mutation is not None else None))
+            if rec.parent is not None and rec.mutation is not None:
+                db.execute("INSERT OR IGNORE INTO mutations VALUES (?, ?, ?, ?, ?)",
+                           (rec.index, rec.parent, rec.born, rec.mutation.get("kind", "?"), _dumps(rec.mutation)))
+            db.execute("INSERT OR REPLACE INTO population VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (generation, rec.index, rel, digest, _dumps(rec.history), _dumps(rec.arch), _dumps(rec.hparams)))
+
+    def save_initial_population(self, members: list[tuple[MemberRecord, dict[str, Any]]]) -> None:
+        written = [(rec, *self._write_checkpoint(0, "start", rec.index, state)) for rec, state in members]
+        with self._transaction() as db:
+            self._insert_population(db, 0, written)
+            db.execute("INSERT OR REPLACE INTO run VALUES ('status', 'running')")
+
+    def commit_generation(self, generation: int, evaluated: list[EvaluatedMember],
+                          next_population: list[tuple[MemberRecord, dict[str, Any]]], wall_s: float) -> None:
+        """Make generation `generation` durable: its evaluations and the population of the next one."""
+        trained = [(ev, *self._write_checkpoint(generation, "trained", ev.record.index, ev.state)) for ev in evaluated]
+        starts = [(rec, *self._write_checkpoint(generation + 1, "start", rec.index, state)) for rec, state in next_population]
+        best = max(trained, key=lambda t: (t[0].score, -t[0].record.index))[0]
+        with self._transaction() as db:
+            for ev, rel, digest in trained:
+                r = ev.record
+                db.execute("INSERT INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (generation, r.index, ev.fitness, ev.score, _dumps(r.history), _dumps(ev.metrics),
+                            _dumps(ev.train_metrics), rel, digest, _dumps(r.arch), _dumps(r.hparams), ev.wall_s))
+            self._insert_population(db, generation + 1, starts)
+            db.execute("INSERT INTO generations VALUES (?, ?, ?, ?, ?)",
+                       (generation, time.time(), best.record.index, best.score, wall_s))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('generations_done', ?)", (str(generation + 1),))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
+        self._prune(generation)
+
+    def _prune(self, generation: int) -> None:
+        """Drop checkpoints no longer needed: older start states, and trained states that were not a generation's best."""
+        keep_best = {(r["generation"], r["best_idx"]) for r in self._db.execute("SELECT generation, best_idx FROM generations")}
+        with self._transaction() as db:
+            old = db.execute("SELECT generation, idx, checkpoint FROM evaluations WHERE generation < ? AND checkpoint IS NOT NULL",
+                             (generation,)).fetchall()
+            doomed = [r for r in old if (r["generation"], r["idx"]) not in keep_best]
+            for r in doomed:
+                db.execute("UPDATE evaluations SET checkpoint = NULL WHERE generation = ? AND idx = ?", (r["generation"], r["idx"]))
+            starts = db.execute("SELECT generation, idx, checkpoint FROM population WHERE generation <= ? AND checkpoint IS NOT NULL",
+                                (generation,)).fetchall()
+            for r in starts:
+                db.execute("UPDATE population SET checkpoint = NULL WHERE generation = ? AND idx = ?", (r["generation"], r["idx"]))
+        for r in [*doomed, *starts]:
+            shutil.rmtree(self.path / r["checkpoint"], ignore_errors=True)
+
+    # ---- reading -----------------------------------------------------------------------------
+    def last_completed_generation(self) -> int:
+        row = self._db.execute("SELECT MAX(generation) FROM generations").fetchone()
+        return -1 if row[0] is None else int(row[0])
+
+    def population(self, generation: int) -> list[tuple[MemberRecord, str | None, str | None]]:
+        rows = self._db.execute(
+            "SELECT p.*, m.parent, m.born, m.mutation FROM population p JOIN members m ON m.idx = p.idx "
+            "WHERE p.generation = ? ORDER BY p.idx", (generation,)).fetchall()
+        return [(MemberRecord(r["idx"], r["parent"], r["born"], json.loads(r["mutation"]) if r["mutation"] else None,
+                              json.loads(r["arch"]), json.loads(r["hparams"]), json.loads(r["history"])),
+                 r["checkpoint"], r["digest"]) for r in rows]
+
+    def load_population(self, generation: int) -> list[tuple[MemberRecord, dict[str, Any]]]:
+        out = []
+        for rec, rel, digest in self.population(generation):
+            if rel is None:
+                raise RunStoreError(f"{self.path}: generation {generation} start checkpoint of member {rec.index} was pruned")
+            state, _ = load_state(self.path / rel, expect_digest=digest)
+            out.append((rec, state))
+        return out
+
+    def evaluations(self, generation: int | None = None) -> list[dict[str, Any]]:
+        if generation is None:
+            generation = self.last_completed_generation()
+        rows = self._db.execute(
+            "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
+            "WHERE e.generation = ? ORDER BY e.score DESC, e.idx ASC", (generation,)).fetchall()
+        return [_evaluation_row(r) for r in rows]
+
+    def all_evaluations(self) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT generation, idx, fitness, score FROM evaluations ORDER BY generation, idx").fetchall()
+        return [dict(r) for r in rows]
+
+    def generations(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM generations ORDER BY generation")]
+
+    def member(self, index: int) -> dict[str, Any] | None:
+        r = self._db.execute("SELECT * FROM members WHERE idx = ?", (index,)).fetchone()
+        if r is None:
+            return None
+        return {"index": r["idx"], "parent": r["parent"], "born": r["born"],
+                "mutation": json.loads(r["mutation"]) if r["mutation"] else None}
+
+    def lineage(self, index: int) -> list[dict[str, Any]]:
+        """The member and its ancestors, newest first, each with the mutation that made it."""
+        chain, seen = [], set()
+        current: int | None = index
+        while current is not None and current not in seen:
+            seen.add(current)
+            m = self.member(current)
+            if m is None:
+                if not chain:
+                    raise RunStoreError(f"{self.path}: no member {index} in this run")
+                break
+            best = self._db.execute("SELECT MAX(score) FROM evaluations WHERE idx = ?", (current,)).fetchone()[0]
+            m["best_score"] = best
+            chain.append(m)
+            current = m["parent"]
+        return chain
+
+    def trained_checkpoint(self, index: int | None = None) -> tuple[dict[str, Any], Path, str]:
+        """The newest kept trained checkpoint of `index` (default: the elite of the last generation)."""
+        if index is None:
+            board = self.evaluations()
+            if not board:
+                raise RunStoreError(f"{self.path}: no completed generation yet, nothing to export")
+            index = board[0]["index"]
+        r = self._db.execute(
+            "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
+            "WHERE e.idx = ? AND e.checkpoint IS NOT NULL ORDER BY e.generation DESC LIMIT 1", (index,)).fetchone()
+        if r is None:
+            known = self.member(index) is not None
+            why = "its checkpoints were pruned (only each generation's best and the last generation are kept)" if known else "no such member"
+            raise RunStoreError(f"{self.path}: member {index}: {why}")
+        return _evaluation_row(r), self.path / r["checkpoint"], r["digest"]
+
+    def summary(self) -> dict[str, Any]:
+        best = self._db.execute("SELECT MAX(score) FROM evaluations WHERE generation = ?",
+                                (self.last_completed_generation(),)).fetchone()[0]
+        exp = self.experiment()
+        return {"name": self.name, "status": self.status, "generations_done": self.last_completed_generation() + 1,
+                "generations": exp.get("population", {}).get("generations"), "best_fitness": best,
+                "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0)}
+
+    @staticmethod
+    def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
+        out = []
+        root = Path(runs_dir)
+        if not root.is_dir():
+            return out
+        for path in sorted(root.iterdir()):
+            if (path / DB_NAME).is_file() and not path.name.startswith("."):
+                store = RunStore(path)
+                try:
+                    out.append(store.summary())
+                finally:
+                    store.close()
+        return out
+
+
+def _evaluation_row(r: sqlite3.Row) -> dict[str, Any]:
+    history = json.loads(r["history"])
+    return {
+        "generation": r["generation"], "index": r["idx"], "fitness": r["fitness"], "score": r["score"],
+        "history": history, "metrics": json.loads(r["metrics"]), "train_metrics": json.loads(r["train_metrics"]),
+        "arch": json.loads(r["arch"]), "hparams": json.loads(r["hparams"]), "parent": r["parent"], "born": r["born"],
+        "mutation": json.loads(r["mutation"]) if r["mutation"] else None, "checkpoint": r["checkpoint"],
+        "digest": r["digest"], "wall_s": r["wall_s"],
+    }
+
+
+def finite(x: float) -> bool:
+    return x is not None and math.isfinite(x)

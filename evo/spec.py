@@ -1,0 +1,215 @@
+"""Experiment files: TOML in, a validated `Experiment` out, or a `SpecError` a person can act on.
+
+Every error names the file, the field, what was expected and what was found. The engine-level
+tables are checked by pydantic; the agent's own tables (task, arch, hparams) by the agent class,
+which is the only place that knows them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from evo.evolvable import ACTIVATIONS
+from evo.hparams import HParam, HParamError, parse_hparam
+
+__all__ = ["Experiment", "SpecError", "load_experiment", "parse_experiment"]
+
+
+class SpecError(ValueError):
+    """An experiment file that cannot be run. `str()` is the message shown to the person."""
+
+    def __init__(self, source: str, field: str, message: str) -> None:
+        self.source, self.field, self.message = source, field, message
+        super().__init__(f"{source}: {field}: {message}" if field else f"{source}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PopulationSpec(_Strict):
+    size: int = Field(ge=1, le=4096, description="number of members")
+    generations: int = Field(ge=1, description="generations to run")
+    steps_per_generation: int = Field(ge=1, description="passed to agent.train(steps) each generation")
+
+
+class AgentSpec(_Strict):
+    kind: str
+    task: dict[str, Any] = Field(default_factory=dict)
+    arch: dict[str, Any] = Field(default_factory=dict)
+    hparams: dict[str, Any] = Field(default_factory=dict)
+
+
+class SelectionSpec(_Strict):
+    tournament_size: int = Field(default=2, ge=1)
+    elitism: bool = True
+    fitness_window: int = Field(default=1, ge=1, description="fitness = mean of the last k evaluations")
+
+
+class MutationSpec(_Strict):
+    """Relative probabilities of the mutation kinds (one is sampled per child) and their settings."""
+
+    no_mutation: float = Field(default=0.4, ge=0)
+    architecture: float = Field(default=0.2, ge=0)
+    new_layer: float = Field(default=0.2, ge=0, le=1, description="within an architecture mutation: layer vs node")
+    parameters: float = Field(default=0.2, ge=0)
+    mutation_sd: float = Field(default=0.1, gt=0)
+    activation: float = Field(default=0.0, ge=0)
+    activation_choices: list[str] = Field(default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
+    rl_hp: float = Field(default=0.2, ge=0)
+    rl_hp_count: int = Field(default=1, ge=1, description="hyperparameters changed by one rl_hp mutation")
+
+    @field_validator("activation_choices")
+    @classmethod
+    def _known_activations(cls, v: list[str]) -> list[str]:
+        unknown = [a for a in v if a not in ACTIVATIONS]
+        if unknown:
+            raise ValueError(f"expected activations from {sorted(ACTIVATIONS)}, found {unknown}")
+        if not v:
+            raise ValueError("expected at least one activation")
+        return v
+
+    @model_validator(mode="after")
+    def _some_probability(self) -> "MutationSpec":
+        if self.weights().sum() <= 0:
+            raise ValueError("expected at least one mutation kind with probability > 0")
+        return self
+
+    KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp")
+
+    def weights(self):  # noqa: ANN201 - numpy array
+        import numpy as np
+
+        return np.array([getattr(self, k) for k in self.KINDS], dtype=float)
+
+
+class ResourcesSpec(_Strict):
+    num_workers: int | None = Field(default=None, ge=1, description="Ray actors training members (default: min(population, CPUs))")
+    cpus_per_member: float = Field(default=1.0, gt=0)
+    gpus_per_member: float = Field(default=0.0, ge=0)
+    address: str | None = None
+    timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
+
+
+class Experiment(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 0
+    backend: Literal["ray", "inline"] = "ray"
+    population: PopulationSpec
+    agent: AgentSpec
+    selection: SelectionSpec = Field(default_factory=SelectionSpec)
+    mutation: MutationSpec = Field(default_factory=MutationSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    # filled in by parse_experiment once the agent class has checked its own tables
+    _hparam_space: dict[str, HParam] = PrivateAttr(default_factory=dict)
+    _task: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _arch: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _tournament_fits(self) -> "Experiment":
+        if self.selection.tournament_size > self.population.size:
+            raise ValueError(
+                f"selection.tournament_size: expected at most population.size ({self.population.size}), "
+                f"found {self.selection.tournament_size}"
+            )
+        return self
+
+    def hparam_space(self) -> dict[str, HParam]:
+        return self._hparam_space
+
+    def task(self) -> dict[str, Any]:
+        return self._task
+
+    def arch(self) -> dict[str, Any]:
+        return self._arch
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _from_pydantic(source: str, exc: ValidationError) -> SpecError:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        return SpecError(source, loc, "unknown field (check the spelling; see docs/experiments.md)")
+    if kind == "missing":
+        return SpecError(source, loc, "required field is missing")
+    msg = msg.removeprefix("Value error, ")
+    if msg.startswith(("expected", "selection.")):
+        if msg.startswith("selection."):
+            field, _, rest = msg.partition(": ")
+            return SpecError(source, field, rest)
+        return SpecError(source, loc, f"{msg}")
+    return SpecError(source, loc, f"expected {msg[0].lower()}{msg[1:]}, found {_describe(err.get('input'))}")
+
+
+def parse_experiment(data: dict[str, Any], source: str = "<experiment>",
+                     overrides: dict[str, Any] | None = None) -> Experiment:
+    """Validate a parsed TOML document (plus CLI overrides like {'seed': 3})."""
+    data = dict(data)
+    for key, value in (overrides or {}).items():
+        section, _, name = key.rpartition(".")
+        target = data
+        if section:
+            target = data.setdefault(section, {})
+            target = dict(target)
+            data[section] = target
+        target[name] = value
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as exc:
+        raise _from_pydantic(source, exc) from None
+
+    from agents import agent_class
+
+    try:
+        cls = agent_class(exp.agent.kind)
+    except ValueError as exc:
+        raise SpecError(source, "agent.kind", str(exc)) from None
+    try:
+        task = cls.validate_task(exp.agent.task)
+        arch = cls.validate_arch(exp.agent.arch)
+    except (ValueError, TypeError) as exc:
+        field, sep, rest = str(exc).partition(": ")
+        raise SpecError(source, f"agent.{field}" if sep else "agent", rest if sep else str(exc)) from None
+    defaults = cls.default_hparams()
+    unknown = sorted(set(exp.agent.hparams) - set(defaults))
+    if unknown:
+        raise SpecError(source, f"agent.hparams.{unknown[0]}",
+                        f"unknown hyperparameter for {exp.agent.kind}; expected some of {sorted(defaults)}")
+    space: dict[str, HParam] = {}
+    for name, default in defaults.items():
+        try:
+            space[name] = parse_hparam(name, exp.agent.hparams[name], default) if name in exp.agent.hparams else default
+        except HParamError as exc:
+            field, _, rest = str(exc).partition(": ")
+            sub, _, rest2 = rest.partition(": ")
+            if sub in {"value", "min", "max", "min/max", "kind", "scale", "choices", "grow/shrink", "resample_prob"}:
+                raise SpecError(source, f"agent.hparams.{field}.{sub.split('/')[0]}", rest2) from None
+            raise SpecError(source, f"agent.hparams.{field}", rest) from None
+    exp._hparam_space, exp._task, exp._arch = space, task, arch
+    return exp
+
+
+def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Experiment, str]:
+    """Read, parse and validate an experiment file; returns (experiment, the file's text)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(source, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(source, "", f"cannot read the file ({exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(source, "", f"malformed TOML: {exc}") from None
+    return parse_experiment(data, source, overrides), text
