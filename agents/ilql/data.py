@@ -104,11 +104,17 @@ def validate_dataset(data: dict[str, Any], vocab_size: int | None = None) -> dic
     return data
 
 
-def replay_schema(max_len: int, max_actions: int):
-    """The evo.replay Schema for ILQL rows (content-keyed by the episode's tokens and rewards)."""
+def replay_schema(max_len: int, max_actions: int, row_field: str | None = None):
+    """The evo.replay Schema for ILQL rows.
+
+    With `row_field`, rows carry their position in the offline dataset and are keyed by it alone:
+    the dataset is a multiset (1000 random walks repeat short walks many times), and collapsing
+    equal episodes would change the behaviour distribution that BC and ILQL learn from. Without
+    it, rows are keyed by their content.
+    """
     from evo.replay import Field, Schema
 
-    return Schema({
+    fields = {
         "tokens": Field("int64", (max_len,)),
         "attn_mask": Field("bool", (max_len,)),
         "action_idxs": Field("int64", (max_actions,)),
@@ -116,7 +122,11 @@ def replay_schema(max_len: int, max_actions: int):
         "rewards": Field("float32", (max_actions,)),
         "terminals": Field("bool", (max_actions + 1,)),
         "action_mask": Field("bool", (max_actions,)),
-    }, key_fields=("tokens", "action_idxs", "rewards"))
+    }
+    if row_field is None:
+        return Schema(fields, key_fields=("tokens", "action_idxs", "rewards"))
+    fields[row_field] = Field("int64", ())
+    return Schema(fields, key_fields=(row_field,))
 
 
 def to_torch(batch: dict[str, np.ndarray], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

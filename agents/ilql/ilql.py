@@ -69,6 +69,7 @@ class ILQL:
             self.model = ILQLModel(net_config, double_q=double_q)
         self.model.to(self.device)
         self.optimizer = self._make_optimizer()
+        self.sample_fn: Any = None  # optional (n, rng) -> batch; set by ILQLAgent for keyed store draws
         self.steps = 0
         self.scores: list[float] = []
         self.fitness: list[float] = []
@@ -130,7 +131,9 @@ class ILQL:
         n = batch_size or self.batch_size
         if self.dataset is None:
             raise RuntimeError("ILQL.sample: this agent has no dataset (it was loaded for inference)")
-        if isinstance(self.dataset, dict):
+        if self.sample_fn is not None:
+            data = self.sample_fn(n, self.rng)
+        elif isinstance(self.dataset, dict):
             rows = self.rng.integers(len(self.dataset["tokens"]), size=n)
             data = {k: np.asarray(self.dataset[k])[rows] for k in FIELDS}
         else:

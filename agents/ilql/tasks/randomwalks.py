@@ -34,6 +34,8 @@ class RandomWalks:
     n_walks: int = 1000
     seed: int = 1000  # trlx's ILQL randomwalks seed; its uniform walks score 0.35
 
+    fitness_metric = "optimality"
+
     def __post_init__(self) -> None:
         rng = np.random.RandomState(self.seed)  # trlx's generator, so seed 1002 gives trlx's graph
         while True:
