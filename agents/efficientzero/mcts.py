@@ -1,0 +1,292 @@
+"""Batched MCTS for EfficientZero with the whole forest held in arrays.
+
+One search runs B independent trees (one per root) in lock-step: every simulation descends all
+B trees (compiled loop over arrays), calls the network *once* on the B new leaves, then expands
+and backs up all B paths. Nothing is a Python object per node. Node n of tree b lives at
+[b, n] in every array; the leaf created by simulation s is node s+1 in every tree, so the
+latent / LSTM buffers are written with one contiguous slice per simulation.
+
+Rules (MuZero / EfficientZero):
+* pUCT: score = Q_norm + P * sqrt(N_parent) / (1 + N_child) * (log((N_parent + 19652 + 1) / 19652) + 1.25);
+  unvisited children use the mean normalised Q of their visited siblings (0 if none), computed per
+  tree, so nothing leaks between batch entries.
+* Q of a child = reward + discount * mean value, normalised by per-tree min-max statistics with
+  a 0.01 floor on the spread.
+* rewards come from value-prefix differences; the LSTM hidden state is reset (and the parent
+  prefix treated as 0) every `lstm_horizon_len` steps of depth.
+* Dirichlet(0.3) noise mixed in at 0.25 on the root priors when collecting.
+* Ties are broken by lowest action index; the only randomness is the caller's numpy Generator
+  (noise and action sampling), so a search is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+try:  # numba compiles the tree loops; without it the same code runs (slowly) as Python
+    from numba import njit
+except ImportError:  # pragma: no cover
+    def njit(*args: Any, **kwargs: Any) -> Any:
+        if args and callable(args[0]):
+            return args[0]
+        return lambda f: f
+
+__all__ = ["MCTSConfig", "SearchResult", "BatchedMCTS", "select_actions", "SearchModel"]
+
+PB_C_BASE = 19652.0
+PB_C_INIT = 1.25
+
+
+class SearchModel(Protocol):
+    action_space_size: int
+    value_support: int
+    reward_support: int
+
+    def represent(self, obs: torch.Tensor) -> torch.Tensor: ...
+    def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]) -> Any: ...
+    def initial_hidden(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class MCTSConfig:
+    num_simulations: int = 16
+    discount: float = 0.997
+    lstm_horizon_len: int = 5
+    dirichlet_alpha: float = 0.3
+    exploration_fraction: float = 0.25
+    value_min_max_delta: float = 0.01
+
+
+@dataclass
+class SearchResult:
+    visit_counts: np.ndarray   # [B, A] visits of the root's children (sum = num_simulations)
+    root_values: np.ndarray    # [B] mean backed-up value at the root
+    policy: np.ndarray         # [B, A] visit distribution (the policy target)
+    root_prior: np.ndarray     # [B, A] root priors after noise
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled tree kernels
+# ---------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _softmax_into(logits: np.ndarray, out: np.ndarray) -> None:
+    m = logits.max()
+    s = 0.0
+    for a in range(logits.shape[0]):
+        out[a] = math.exp(logits[a] - m)
+        s += out[a]
+    for a in range(logits.shape[0]):
+        out[a] /= s
+
+
+@njit(cache=True)
+def _support_scalar(logits: np.ndarray, support: int) -> float:
+    m = logits.max()
+    s = 0.0
+    e = 0.0
+    for i in range(logits.shape[0]):
+        p = math.exp(logits[i] - m)
+        s += p
+        e += p * (i - support)
+    y = e / s
+    eps = 0.001
+    sign = 1.0 if y > 0 else (-1.0 if y < 0 else 0.0)
+    t = (math.sqrt(1.0 + 4.0 * eps * (abs(y) + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return sign * (t * t - 1.0)
+
+
+@njit(cache=True)
+def _normalize(q: float, lo: float, hi: float, floor: float) -> float:
+    if hi < lo:  # no statistics yet
+        return q
+    delta = hi - lo
+    if delta < floor:
+        delta = floor
+    v = (q - lo) / delta
+    if v < 0.0:
+        v = 0.0
+    elif v > 1.0:
+        v = 1.0
+    return v
+
+
+@njit(cache=True)
+def _select(children, prior, visits, value_sum, reward, minmax, discount, floor, path, path_len,
+            out_parent, out_action):
+    B, _, A = children.shape
+    for b in range(B):
+        node = 0
+        depth = 0
+        path[b, 0] = 0
+        lo, hi = minmax[b, 0], minmax[b, 1]
+        while True:
+            n_parent = visits[b, node]
+            # mean normalised Q over this node's visited children: the value for unvisited ones
+            q_sum = 0.0
+            n_vis = 0
+            for a in range(A):
+                c = children[b, node, a]
+                if c >= 0:
+                    q_sum += _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
+                    n_vis += 1
+            mean_q = q_sum / n_vis if n_vis > 0 else 0.0
+            pb_c = math.log((n_parent + PB_C_BASE + 1.0) / PB_C_BASE) + PB_C_INIT
+            sqrt_n = math.sqrt(n_parent)
+            best = -1e30
+            best_a = 0
+            for a in range(A):
+                c = children[b, node, a]
+                if c >= 0:
+                    q = _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
+                    n_child = visits[b, c]
+                else:
+                    q = mean_q
+                    n_child = 0
+                score = q + prior[b, node, a] * sqrt_n / (1.0 + n_child) * pb_c
+                if score > best:
+                    best = score
+                    best_a = a
+            c = children[b, node, best_a]
+            if c < 0:
+                out_parent[b] = node
+                out_action[b] = best_a
+                path_len[b] = depth + 1
+                break
+            node = c
+            depth += 1
+            path[b, depth] = node
+
+
+@njit(cache=True)
+def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_support, reward_support,
+                   children, prior, visits, value_sum, reward, vprefix, depth, minmax, discount,
+                   horizon, path, path_len):
+    B = children.shape[0]
+    A = num_actions
+    nv = 2 * value_support + 1
+    for b in range(B):
+        parent = out_parent[b]
+        children[b, parent, out_action[b]] = leaf
+        d = depth[b, parent] + 1
+        depth[b, leaf] = d
+        _softmax_into(outputs[b, :A], prior[b, leaf])
+        value = _support_scalar(outputs[b, A:A + nv], value_support)
+        vp = _support_scalar(outputs[b, A + nv:], reward_support)
+        parent_vp = 0.0 if depth[b, parent] % horizon == 0 else vprefix[b, parent]
+        reward[b, leaf] = vp - parent_vp
+        vprefix[b, leaf] = vp
+        path[b, path_len[b]] = leaf
+        n = path_len[b] + 1
+        bootstrap = value
+        for i in range(n - 1, -1, -1):
+            node = path[b, i]
+            value_sum[b, node] += bootstrap
+            visits[b, node] += 1
+            q = reward[b, node] + discount * value_sum[b, node] / visits[b, node]
+            if q < minmax[b, 0]:
+                minmax[b, 0] = q
+            if q > minmax[b, 1]:
+                minmax[b, 1] = q
+            bootstrap = reward[b, node] + discount * bootstrap
+
+
+# ---------------------------------------------------------------------------------------------
+class BatchedMCTS:
+    """Search from a batch of observations with a model exposing represent/predict/dynamics."""
+
+    def __init__(self, config: MCTSConfig) -> None:
+        self.config = config
+
+    @torch.no_grad()
+    def run(self, model: SearchModel, obs: torch.Tensor | np.ndarray, rng: np.random.Generator | None = None,
+            add_noise: bool = False, num_simulations: int | None = None) -> SearchResult:
+        cfg = self.config
+        sims = int(num_simulations or cfg.num_simulations)
+        obs_t = torch.as_tensor(obs)
+        latent = model.represent(obs_t)
+        policy_logits, value_logits = model.predict(latent)
+        B, A = policy_logits.shape
+        N = sims + 1
+        vs, rs = int(model.value_support), int(model.reward_support)
+
+        children = np.full((B, N, A), -1, dtype=np.int32)
+        prior = np.zeros((B, N, A), dtype=np.float64)
+        visits = np.zeros((B, N), dtype=np.int64)
+        value_sum = np.zeros((B, N), dtype=np.float64)
+        reward = np.zeros((B, N), dtype=np.float64)
+        vprefix = np.zeros((B, N), dtype=np.float64)
+        depth = np.zeros((B, N), dtype=np.int64)
+        minmax = np.empty((B, 2), dtype=np.float64)
+        minmax[:, 0], minmax[:, 1] = np.inf, -np.inf
+        path = np.zeros((B, N + 1), dtype=np.int64)
+        path_len = np.zeros(B, dtype=np.int64)
+        out_parent = np.zeros(B, dtype=np.int64)
+        out_action = np.zeros(B, dtype=np.int64)
+
+        # root: priors (with noise when collecting) and one visit carrying its predicted value
+        root_logits = policy_logits.double().numpy()
+        root_prior = np.exp(root_logits - root_logits.max(1, keepdims=True))
+        root_prior /= root_prior.sum(1, keepdims=True)
+        if add_noise:
+            if rng is None:
+                raise ValueError("add_noise=True needs a numpy Generator (rng) for the Dirichlet noise")
+            noise = rng.dirichlet([cfg.dirichlet_alpha] * A, size=B)
+            root_prior = (1 - cfg.exploration_fraction) * root_prior + cfg.exploration_fraction * noise
+        prior[:, 0] = root_prior
+        value_np = value_logits.double().numpy()
+        visits[:, 0] = 1
+        for b in range(B):
+            value_sum[b, 0] = _support_scalar(value_np[b], vs)
+
+        D = latent.shape[1:]
+        h0, c0 = model.initial_hidden(B)
+        lat_buf = latent.new_empty((N, B, *D))
+        h_buf = h0.new_empty((N, *h0.shape))
+        c_buf = c0.new_empty((N, *c0.shape))
+        lat_buf[0], h_buf[0], c_buf[0] = latent, h0, c0
+        cols = torch.arange(B)
+        horizon = int(cfg.lstm_horizon_len)
+
+        for s in range(sims):
+            leaf = s + 1
+            _select(children, prior, visits, value_sum, reward, minmax, cfg.discount, cfg.value_min_max_delta,
+                    path, path_len, out_parent, out_action)
+            parent_t = torch.from_numpy(out_parent)
+            action_t = torch.from_numpy(out_action)
+            lat, (h, c), vp_logits = model.dynamics(lat_buf[parent_t, cols], action_t,
+                                                    (h_buf[parent_t, cols], c_buf[parent_t, cols]))
+            p_logits, v_logits = model.predict(lat)
+            lat_buf[leaf] = lat
+            # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)
+            reset = (depth[np.arange(B), out_parent] + 1) % horizon == 0
+            if reset.any():
+                keep = torch.from_numpy(~reset).to(h.dtype).unsqueeze(1)
+                h, c = h * keep, c * keep
+            h_buf[leaf], c_buf[leaf] = h, c
+            outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).double().numpy()
+            _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
+                           reward, vprefix, depth, minmax, cfg.discount, horizon, path, path_len)
+
+        root_children = children[:, 0]
+        counts = np.where(root_children >= 0, np.take_along_axis(visits, np.maximum(root_children, 0), 1), 0)
+        root_values = value_sum[:, 0] / visits[:, 0]
+        policy = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+        return SearchResult(counts, root_values, policy, root_prior)
+
+
+def select_actions(visit_counts: np.ndarray, temperature: float, rng: np.random.Generator | None) -> np.ndarray:
+    """Actions from root visit counts: argmax (lowest index on ties) at temperature 0, else
+    sampled from counts^(1/T)."""
+    if temperature <= 0 or rng is None:
+        return visit_counts.argmax(1)
+    logits = np.log(np.maximum(visit_counts, 1e-12)) / temperature
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    u = rng.random(len(probs))[:, None]
+    return np.minimum((probs.cumsum(1) < u).sum(1), probs.shape[1] - 1)
