@@ -464,7 +464,13 @@ def build_model(obs_shape: Sequence[int], action_space_size: int, arch: dict[str
             torch.random.set_rng_state(state)
         return model
     obs_dim = int(np.prod(obs_shape))
-    return EfficientZeroMLP(obs_dim, action_space_size, arch, generator)
+    state = torch.random.get_rng_state()
+    try:  # modules without their own generator hook draw from the global RNG: seed it from ours
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        return EfficientZeroMLP(obs_dim, action_space_size, arch, generator)
+    finally:
+        torch.random.set_rng_state(state)
 
 
 _ACT_TYPES = tuple({type(f()) for f in ACTIVATIONS.values()})
