@@ -1,0 +1,24 @@
+"""Shared hash-indexed replay store (issue 3). See docs/replay.md.
+
+Implementation modules are private; this package re-exports the public API.
+"""
+
+from evo.replay.errors import RateLimited, ReplayError
+from evo.replay.hashing import hash_rows
+from evo.replay.ratelimit import RateLimiter
+from evo.replay.schema import Field, Schema
+from evo.replay.service import ReplayService
+from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch
+
+__all__ = [
+    "Field",
+    "Schema",
+    "ReplayStore",
+    "SampleBatch",
+    "SequenceBatch",
+    "RateLimiter",
+    "RateLimited",
+    "ReplayService",
+    "ReplayError",
+    "hash_rows",
+]

@@ -1,0 +1,227 @@
+"""ReplayService: one ReplayStore in a Ray actor, shared by every member of a population.
+
+The actor takes no CPU (``num_cpus=0``): it is a data structure, not a worker, and must never
+compete with training actors for a CPU slot. It is threaded (``max_concurrency``) so that a sample
+waiting on the rate limiter does not block the insert that would unblock it; all store access is
+serialised by one condition variable. Calls are batched (one actor call per insert/sample batch)
+and answer with numpy arrays (zero-copy and read-only when over Ray's inline threshold).
+
+Fault tolerance: with ``snapshot_dir`` the actor snapshots every ``snapshot_every`` inserted rows
+(and on ``snapshot()``); if the actor process dies, Ray restarts it (``max_restarts``) and its
+constructor restores the newest complete snapshot, and calls in flight are retried
+(``max_task_retries``) — inserts are idempotent apart from reference counts, thanks to dedup.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from evo.replay.errors import RateLimited, ReplayError
+from evo.replay.schema import Schema
+from evo.replay.snapshot import latest_complete
+from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch
+
+
+class _ReplayActor:
+    """The actor body (decorated with ``ray.remote`` at start time so importing needs no Ray)."""
+
+    def __init__(self, schema_json: dict, snapshot_dir: str | None, snapshot_every: int | None,
+                 rate_limit_timeout_s: float, store_kwargs: dict) -> None:
+        self._cond = threading.Condition()
+        self._snapshot_dir = snapshot_dir
+        self._snapshot_every = snapshot_every
+        self._timeout = rate_limit_timeout_s
+        self.restored_from = None
+        if snapshot_dir is not None and latest_complete(snapshot_dir) is not None:
+            self.restored_from = latest_complete(snapshot_dir)
+            self._store = ReplayStore.restore(snapshot_dir, hash_fn=store_kwargs.get("hash_fn"))
+        else:
+            self._store = ReplayStore(Schema.from_json(schema_json), **store_kwargs)
+        self._rows_at_snapshot = self._store.counters["rows_inserted"]
+
+    def _blocking(self, fn, timeout: float | None):
+        """Run ``fn`` under the lock; while the rate limiter refuses, wait for the other side."""
+        timeout = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                try:
+                    out = fn()
+                except RateLimited as exc:
+                    left = deadline - time.monotonic()
+                    if not exc.retryable or left <= 0:
+                        raise RateLimited(f"{exc} (waited {timeout:g}s in the replay service)", exc.retryable) from None
+                    self._cond.wait(left)
+                    continue
+                self._cond.notify_all()
+                return out
+
+    def insert(self, batch: Mapping[str, np.ndarray], timeout: float | None = None) -> np.ndarray:
+        keys = self._blocking(lambda: self._store.insert(batch), timeout)
+        if self._snapshot_dir and self._snapshot_every:
+            with self._cond:
+                if self._store.counters["rows_inserted"] - self._rows_at_snapshot >= self._snapshot_every:
+                    self._snapshot_locked(self._snapshot_dir)
+        return keys
+
+    def sample(self, batch_size: int, timeout: float | None = None) -> SampleBatch:
+        return self._blocking(lambda: self._store.sample(batch_size), timeout)
+
+    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None) -> SequenceBatch:
+        return self._blocking(lambda: self._store.sample_sequences(batch_size, length), timeout)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Non-blocking store methods (get, contains, refcounts, update_priorities, stats, hash, len)."""
+        if method not in _PLAIN:
+            raise ReplayError(f"unknown replay method {method!r}")
+        with self._cond:
+            if method == "__len__":
+                return len(self._store)
+            return getattr(self._store, method)(*args)
+
+    def snapshot(self, dir: str | None = None, keep: int = 2) -> str:
+        with self._cond:
+            return self._snapshot_locked(dir or self._snapshot_dir, keep)
+
+    def _snapshot_locked(self, dir: str | None, keep: int = 2) -> str:
+        if dir is None:
+            raise ReplayError("snapshot needs a directory (none given and the service has no snapshot_dir)")
+        path = self._store.snapshot(dir, keep=keep)
+        self._rows_at_snapshot = self._store.counters["rows_inserted"]
+        return path
+
+    def info(self) -> dict:
+        return {"capacity": self._store.capacity, "schema": self._store.schema.to_json(),
+                "restored_from": self.restored_from, "pid": os.getpid()}
+
+
+_PLAIN = {"get", "contains", "refcounts", "update_priorities", "stats", "hash", "__len__"}
+
+
+class ReplayService:
+    """Client for a replay actor: the ReplayStore API, blocking, numpy back. Picklable, so it can be
+    handed to training actors; ``ReplayService.connect(name)`` finds a named service from anywhere."""
+
+    def __init__(self, actor: Any, timeout_s: float | None = None) -> None:
+        import ray
+
+        self._actor = actor
+        self._timeout_s = timeout_s
+        info = ray.get(actor.info.remote(), timeout=timeout_s)
+        self.capacity: int = info["capacity"]
+        self.schema = Schema.from_json(info["schema"])
+
+    @classmethod
+    def start(
+        cls,
+        schema: Schema,
+        name: str | None = None,
+        snapshot_dir: str | os.PathLike | None = None,
+        snapshot_every: int | None = None,
+        max_restarts: int = 3,
+        rate_limit_timeout_s: float = 30.0,
+        max_concurrency: int = 8,
+        namespace: str | None = None,
+        **store_kwargs: Any,
+    ) -> "ReplayService":
+        """Start the actor (``num_cpus=0``) in the current Ray cluster and return a client.
+
+        ``rate_limit_timeout_s``: how long a rate-limited insert/sample waits before raising
+        RateLimited. ``store_kwargs`` go to :class:`ReplayStore` (capacity, storage, sampler, ...).
+        """
+        import ray
+
+        if not ray.is_initialized():
+            raise ReplayError("ReplayService.start needs a running Ray cluster: call ray.init() first")
+        if snapshot_every is not None and snapshot_dir is None:
+            raise ReplayError("snapshot_every needs snapshot_dir")
+        opts = dict(num_cpus=0, max_restarts=max_restarts, max_task_retries=max_restarts if max_restarts else 0,
+                    max_concurrency=max_concurrency)
+        if name is not None:
+            opts["name"] = name
+            if namespace is not None:
+                opts["namespace"] = namespace
+        actor_cls = ray.remote(_ReplayActor).options(**opts)
+        actor = actor_cls.remote(
+            schema.to_json(),
+            os.fspath(snapshot_dir) if snapshot_dir is not None else None,
+            snapshot_every,
+            rate_limit_timeout_s,
+            store_kwargs,
+        )
+        return cls(actor)
+
+    @classmethod
+    def connect(cls, name: str, namespace: str | None = None) -> "ReplayService":
+        """Client for a service started elsewhere with ``name=``."""
+        import ray
+
+        return cls(ray.get_actor(name, namespace=namespace))
+
+    def __reduce__(self):
+        return (_rebuild_client, (self._actor, self.capacity, self.schema.to_json(), self._timeout_s))
+
+    def _get(self, ref: Any) -> Any:
+        import ray
+
+        return ray.get(ref, timeout=self._timeout_s)
+
+    # the ReplayStore API
+    def insert(self, batch: Mapping[str, Any], timeout: float | None = None) -> np.ndarray:
+        batch = {k: np.asarray(v) for k, v in batch.items()} if isinstance(batch, Mapping) else batch
+        return self._get(self._actor.insert.remote(batch, timeout))
+
+    def sample(self, batch_size: int, timeout: float | None = None) -> SampleBatch:
+        return self._get(self._actor.sample.remote(batch_size, timeout))
+
+    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None) -> SequenceBatch:
+        return self._get(self._actor.sample_sequences.remote(batch_size, length, timeout))
+
+    def get(self, keys: Any) -> dict[str, np.ndarray]:
+        return self._get(self._actor.call.remote("get", np.asarray(keys)))
+
+    def contains(self, keys: Any) -> np.ndarray:
+        return self._get(self._actor.call.remote("contains", np.asarray(keys)))
+
+    def refcounts(self, keys: Any) -> np.ndarray:
+        return self._get(self._actor.call.remote("refcounts", np.asarray(keys)))
+
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        return self._get(self._actor.call.remote("update_priorities", np.asarray(keys), np.asarray(priorities)))
+
+    def stats(self) -> dict[str, int]:
+        return self._get(self._actor.call.remote("stats"))
+
+    def hash(self, batch: Mapping[str, Any]) -> np.ndarray:
+        return self._get(self._actor.call.remote("hash", dict(batch)))
+
+    def __len__(self) -> int:
+        return self._get(self._actor.call.remote("__len__"))
+
+    def snapshot(self, dir: str | os.PathLike | None = None, keep: int = 2) -> str:
+        """Snapshot in the actor's process (``dir`` must be reachable there); default: snapshot_dir."""
+        return self._get(self._actor.snapshot.remote(os.fspath(dir) if dir is not None else None, keep))
+
+    def info(self) -> dict:
+        return self._get(self._actor.info.remote())
+
+    @property
+    def actor(self) -> Any:
+        return self._actor
+
+    def stop(self) -> None:
+        """Kill the actor for good (no restart)."""
+        import ray
+
+        ray.kill(self._actor, no_restart=True)
+
+
+def _rebuild_client(actor: Any, capacity: int, schema_json: dict, timeout_s: float | None) -> ReplayService:
+    c = ReplayService.__new__(ReplayService)
+    c._actor, c.capacity, c.schema, c._timeout_s = actor, capacity, Schema.from_json(schema_json), timeout_s
+    return c

@@ -1,0 +1,254 @@
+"""One contract suite, run against every backend (Optuna's StorageTestCase idea):
+in-process memory, in-process mmap, and the Ray service."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayService, ReplayStore
+from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, concat, rows, take, trajectory
+
+BACKENDS = ["memory", "mmap", "ray"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2,
+             log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(params=BACKENDS)
+def make(request, tmp_path):
+    """Factory: make(schema, **store_kwargs) -> a store-like object of the parametrised backend."""
+    made = []
+
+    def factory(schema=SCHEMA, **kw):
+        if request.param == "memory":
+            s = ReplayStore(schema, storage="memory", **kw)
+        elif request.param == "mmap":
+            s = ReplayStore(schema, storage="mmap", path=tmp_path / "cols", **kw)
+        else:
+            request.getfixturevalue("ray_cluster")
+            s = ReplayService.start(schema, rate_limit_timeout_s=kw.pop("rate_limit_timeout_s", 0.5), **kw)
+        made.append(s)
+        return s
+
+    factory.backend = request.param
+    yield factory
+    for s in made:
+        if isinstance(s, ReplayService):
+            s.stop()
+
+
+def test_insert_get_roundtrip(make):
+    s = make(capacity=100)
+    b = rows(10)
+    keys = s.insert(b)
+    assert keys.dtype == np.uint64 and keys.shape == (10,)
+    assert len(set(keys.tolist())) == 10
+    assert len(s) == 10 and s.capacity == 100
+    assert_batches_equal(s.get(keys), b)
+    assert_batches_equal(s.get(keys[::-1]), take(b, slice(None, None, -1)))
+
+
+def test_duplicates_return_existing_key_and_count(make):
+    s = make(capacity=100)
+    b = rows(10)
+    k1 = s.insert(b)
+    k2 = s.insert(concat(take(b, [3, 3]), rows(1, seed=9)))
+    assert k2[0] == k2[1] == k1[3]
+    assert len(s) == 11
+    rc = s.refcounts(k1)
+    assert rc[3] == 3 and (np.delete(rc, 3) == 1).all()
+    st = s.stats()
+    assert st["duplicates"] == 2 and st["rows_new"] == 11 and st["rows_inserted"] == 13
+
+
+def test_contains(make):
+    s = make(capacity=100)
+    keys = s.insert(rows(5))
+    other = np.array([1, 2, int(keys[0])], dtype=np.uint64)
+    np.testing.assert_array_equal(s.contains(other), [False, False, True])
+    assert s.contains(keys).all()
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda b: {k: v for k, v in b.items() if k != "done"}, "missing \\['done'\\]"),
+        (lambda b: {**b, "extra": b["done"]}, "unexpected \\['extra'\\]"),
+        (lambda b: {**b, "reward": b["reward"].astype(np.float64)}, "'reward': expected dtype float32, found float64"),
+        (lambda b: {**b, "obs": b["obs"][:, :7]}, "'obs': expected shape"),
+        (lambda b: {**b, "action": b["action"][:3]}, "'action': has 3 rows"),
+    ],
+)
+def test_bad_batch_writes_nothing(make, bad, match):
+    s = make(capacity=100)
+    s.insert(rows(4, seed=1))
+    with pytest.raises(ReplayError, match=match):
+        s.insert(bad(rows(5, seed=2)))
+    assert len(s) == 4 and s.stats()["rows_inserted"] == 4
+    assert not s.contains(s.hash(rows(5, seed=2))).any()
+
+
+def test_fifo_eviction_keys_leave_the_map(make):
+    s = make(capacity=10)
+    k1 = s.insert(rows(6, seed=1))
+    k2 = s.insert(rows(6, seed=2))
+    assert len(s) == 10
+    np.testing.assert_array_equal(s.contains(k1), [False, False, True, True, True, True])
+    assert s.contains(k2).all()
+    with pytest.raises(ReplayError, match="not in the store"):
+        s.get(k1[:1])
+    # a re-inserted evicted row is new again (same content, same key)
+    k3 = s.insert(take(rows(6, seed=1), [0]))
+    assert k3[0] == k1[0] and s.contains(k3).all() and len(s) == 10
+    assert s.stats()["evicted"] == 3
+
+
+def test_batch_larger_than_capacity_is_refused(make):
+    s = make(capacity=4)
+    with pytest.raises(ReplayError, match="exceeds the store's capacity"):
+        s.insert(rows(5))
+    assert len(s) == 0
+    s.insert(concat(rows(4), rows(4)))  # 8 rows but only 4 new: fits
+    assert len(s) == 4
+
+
+def test_uniform_sample_is_valid_and_seeded(make):
+    a, b = make(capacity=1000, seed=7), make(capacity=1000, seed=7)
+    data = rows(500)
+    a.insert(data)
+    b.insert(data)
+    sa, sb = a.sample(64), b.sample(64)
+    np.testing.assert_array_equal(sa.keys, sb.keys)
+    assert sa.weights.dtype == np.float32 and (sa.weights == 1).all()
+    assert_batches_equal(sa.data, a.get(sa.keys))
+    assert len(np.unique(np.concatenate([a.sample(256).keys for _ in range(20)]))) > 400
+
+
+def test_sample_empty_store_errors(make):
+    s = make(capacity=10)
+    with pytest.raises(ReplayError, match="empty"):
+        s.sample(4)
+
+
+def test_prioritized_sampling(make):
+    s = make(capacity=1000, sampler="prioritized", alpha=1.0, beta=1.0, seed=3)
+    keys = s.insert(rows(100))
+    # new rows get max priority (1.0): uniform at first
+    assert (s.sample(32).weights == 1).all()
+    pr = np.full(100, 0.01)
+    pr[:5] = 10.0
+    assert s.update_priorities(keys, pr) == 100
+    drawn = np.concatenate([s.sample(128).keys for _ in range(10)])
+    assert np.isin(drawn, keys[:5]).mean() > 0.9  # 50 / (50 + 0.95) of the mass
+    batch = s.sample(256)
+    # weights = (p_min / p_i)^beta: 1 for the lowest priority, 0.001 for the 10.0 rows
+    w = dict(zip(batch.keys.tolist(), batch.weights.tolist()))
+    for k, wi in w.items():
+        expected = 0.001 if k in set(keys[:5].tolist()) else 1.0
+        assert wi == pytest.approx(expected, rel=1e-5)
+    # a new row enters at the max priority seen (10.0)
+    knew = s.insert(rows(1, seed=99))
+    drawn = np.concatenate([s.sample(256).keys for _ in range(4)])
+    assert np.isin(drawn, knew).mean() > 0.1
+    # unknown keys are ignored (count says how many were updated)
+    assert s.update_priorities(np.array([12345, keys[0]], dtype=np.uint64), [1.0, 1.0]) == 1
+    with pytest.raises(ReplayError, match="priorities must be finite"):
+        s.update_priorities(keys[:1], [-1.0])
+
+
+def test_update_priorities_needs_prioritized(make):
+    s = make(capacity=10)
+    keys = s.insert(rows(3))
+    with pytest.raises(ReplayError, match="sampler='prioritized'"):
+        s.update_priorities(keys, [1.0, 2.0, 3.0])
+
+
+def test_sequences(make):
+    s = make(SEQ_SCHEMA, capacity=1000, episode_field="episode", seed=1)
+    # two trajectories arriving interleaved over several calls
+    s.insert(trajectory(1, 0, 3))
+    s.insert(concat(trajectory(2, 0, 4), trajectory(1, 3, 2)))
+    s.insert(trajectory(2, 4, 1))
+    batch = s.sample_sequences(64, 4)
+    assert batch.data["obs"].shape == (64, 4, 3) and batch.mask.shape == (64, 4)
+    for i in range(64):
+        ep = int(batch.data["episode"][i, 0])
+        st = int(batch.data["step"][i, 0])
+        n_ep = 5
+        valid = min(4, n_ep - st)
+        np.testing.assert_array_equal(batch.mask[i], np.arange(4) < valid)
+        np.testing.assert_array_equal(batch.data["step"][i, :valid], np.arange(st, st + valid))
+        assert (batch.data["episode"][i, :valid] == ep).all()
+        assert (batch.data["obs"][i, valid:] == 0).all() and (batch.data["step"][i, valid:] == 0).all()
+    assert_batches_equal(take(batch.data, (slice(None), 0)), s.get(batch.keys))
+
+
+def test_sequences_need_episode_field(make):
+    s = make(capacity=10)
+    s.insert(rows(3))
+    with pytest.raises(ReplayError, match="episode_field"):
+        s.sample_sequences(2, 3)
+
+
+def test_rate_limiter_min_size(make):
+    s = make(capacity=100, rate_limiter=RateLimiter(min_size_to_sample=10))
+    s.insert(rows(5))
+    with pytest.raises(RateLimited, match="min_size_to_sample=10"):
+        s.sample(2)
+    s.insert(rows(5, seed=1))
+    assert len(s.sample(2)) == 2
+
+
+def test_rate_limiter_samples_per_insert(make):
+    lim = RateLimiter(min_size_to_sample=4, samples_per_insert=2.0, error_buffer=8.0)
+    s = make(capacity=100, rate_limiter=lim)
+    s.insert(rows(4))  # diff = 8 = offset
+    s.sample(8)  # diff 0 >= offset - buffer = 0
+    with pytest.raises(RateLimited):
+        s.sample(1)
+    with pytest.raises(RateLimited, match="never pass"):
+        s.sample(100)
+    s.insert(rows(2, seed=5))  # +4
+    s.sample(4)
+    # duplicates buy no samples
+    s.insert(rows(2, seed=5))
+    with pytest.raises(RateLimited):
+        s.sample(1)
+    # collector too far ahead: diff is 0 and may reach offset + buffer = 16: 8 new rows, not 9
+    s.insert(rows(8, seed=6))
+    with pytest.raises(RateLimited, match="insert refused"):
+        s.insert(rows(1, seed=7))
+
+
+def test_snapshot_restore_exact(make, tmp_path):
+    s = make(SEQ_SCHEMA, capacity=50, sampler="prioritized", episode_field="episode", seed=4)
+    for ep in range(8):
+        s.insert(trajectory(ep, 0, 9))  # 72 rows into 50 slots: wraps and evicts
+    s.insert(trajectory(3, 0, 2))  # evicted rows come back; duplicates of live rows bump refcounts
+    keys = s.sample(16).keys
+    s.update_priorities(keys, np.linspace(0.1, 5.0, 16))
+    path = s.snapshot(tmp_path / "snaps")
+    r = ReplayStore.restore(tmp_path / "snaps")
+    assert len(r) == len(s) and r.stats() == s.stats()
+    all_keys = r.sample(200).keys
+    np.testing.assert_array_equal(s.sample(200).keys, all_keys)
+    # continue identically: samples, sequences, inserts
+    a, b = s.sample(32), r.sample(32)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.weights, b.weights)
+    sa, sb = s.sample_sequences(8, 5), r.sample_sequences(8, 5)
+    assert_batches_equal(sa.data, sb.data)
+    np.testing.assert_array_equal(sa.mask, sb.mask)
+    np.testing.assert_array_equal(s.refcounts(all_keys), r.refcounts(all_keys))
+    assert_batches_equal(s.get(all_keys), r.get(all_keys))
+    np.testing.assert_array_equal(s.insert(trajectory(9, 0, 3)), r.insert(trajectory(9, 0, 3)))
+    np.testing.assert_array_equal(s.sample(64).keys, r.sample(64).keys)
+    np.testing.assert_array_equal(s.contains(all_keys), r.contains(all_keys))
+    assert path.endswith("snapshot-000001")
