@@ -380,6 +380,9 @@ class EfficientZeroAgent(TorchAgent):
         valid_t = torch.as_tensor(valid, dtype=torch.float32)
         mask_t = torch.as_tensor(mask[:, :K], dtype=torch.float32)
         weights = torch.as_tensor(np.asarray(seq.weights), dtype=torch.float32)
+        # the store normalises by the smallest priority ever stored, which can make every weight tiny;
+        # normalising by the batch's largest weight (as LightZero does) keeps the step size meaningful
+        weights = weights / weights.max().clamp_min(1e-12)
         value_target = scalar_to_support(z_t, model.value_support)       # [B, K+1, bins]
         prefix_target = scalar_to_support(vp_t, model.reward_support)    # [B, K, bins]
 
