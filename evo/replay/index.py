@@ -44,6 +44,7 @@ class KeyIndex:
         self.slot_pos = np.full(self.capacity, -1, dtype=np.int64)  # flat table entry, -1 = not stored
         self.refcount = np.zeros(self.capacity, dtype=np.int64)
         self._live = 0
+        self.rebuilds = 0
         nb = 2
         while nb * W < 2 * self.capacity:
             nb *= 2
@@ -158,6 +159,7 @@ class KeyIndex:
     def _rebuild(self) -> None:
         """Rehash every live key into a clean table (clears overflow marks)."""
         live = self.live_slots()
+        self.rebuilds += 1
         self._alloc(self._overflow.size)
         if live.size:
             self._place(self.slot_key[live], live)

@@ -22,13 +22,14 @@ import numpy as np
 from evo.replay import snapshot as snap
 from evo.replay.errors import ReplayError
 from evo.replay.hashing import HashFn, hash_rows, remix
-from evo.replay.index import KeyIndex
+from evo.replay.index import EMPTY_KEY, KeyIndex
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.samplers import follow, make_sampler
 from evo.replay.schema import Schema
 from evo.replay.storage import ColumnStorage, _bits
 
 FORMAT_VERSION = 1
+_RESERVED = int(EMPTY_KEY)
 
 
 @dataclass
@@ -177,7 +178,7 @@ class ReplayStore:
         h = self._hash(arrays, n)
         keys = h.copy()
         stored = self._index.lookup(h)  # slot of an existing row with this key, or -1
-        pending = np.zeros(n, dtype=bool)  # needs the collision path
+        pending = h == EMPTY_KEY  # the index's empty marker is reserved: such rows take the collision path
         hit = np.flatnonzero(stored >= 0)
         if hit.size:
             same = self._storage.equal_rows(names, stored[hit], arrays, hit)
@@ -262,7 +263,9 @@ class ReplayStore:
             k = int(h[i])
             while True:
                 s = int(self._index.lookup(np.array([k], dtype=np.uint64))[0])
-                if s >= 0:
+                if k == _RESERVED:
+                    pass
+                elif s >= 0:
                     if self._storage.equal_rows(names, np.array([s]), arrays, np.array([i]))[0]:
                         stored[i] = s
                         break
