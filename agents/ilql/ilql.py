@@ -138,7 +138,7 @@ class ILQL:
             data = {k: np.asarray(self.dataset[k])[rows] for k in FIELDS}
         else:
             data = _store_sample(self.dataset, n, self.rng)
-        return to_torch(data, self.device)
+        return _trim(to_torch(data, self.device))
 
     def learn(self, batch: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         """One gradient step on a batch (sampled if not given), then a Polyak target update."""
@@ -209,6 +209,14 @@ class ILQL:
             if key in ("lr", "weight_decay", "alpha", "batch_size", "index", "grad_clip"):
                 setattr(self, key, value)
         self.set_state(state)
+
+
+def _trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop padding columns that no row of this batch uses (right padding only; indices stay valid)."""
+    used = int(batch["attn_mask"].any(0).nonzero().max()) + 1 if batch["attn_mask"].any() else 1
+    if used < batch["tokens"].shape[1]:
+        batch = {**batch, "tokens": batch["tokens"][:, :used], "attn_mask": batch["attn_mask"][:, :used]}
+    return batch
 
 
 def _store_sample(store: Any, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

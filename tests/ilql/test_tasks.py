@@ -1,0 +1,66 @@
+"""The tasks: randomwalks facts (trlx's graph and scores) and Wordle mechanics and data."""
+
+import numpy as np
+import pytest
+import torch
+
+from agents.ilql.data import episodes_to_arrays
+from agents.ilql.tasks.wordle import Wordle, feedback
+
+
+def test_randomwalks_matches_the_reference_setup(walks):
+    assert walks.adj.shape == (21, 21) and walks.adj[0].sum() == 1 and walks.adj[0, 0]
+    assert len(walks.walks) == 1000 and all(len(w) <= 10 for w in walks.walks)
+    assert walks.data_optimality() == pytest.approx(0.35, abs=0.02)  # uniform walks score ~0.35
+    start = 1
+    best = walks.best_lengths[start]
+    assert walks.optimality([start, 99]) == 0.0          # missing node: invalid path
+    assert walks.optimality([start]) == 0.0              # never reaches the goal
+
+
+def test_randomwalks_episode_layout(walks, walk_data):
+    walk = walks.walks[0]
+    assert list(walk_data["tokens"][0, : len(walk)]) == [n + 1 for n in walk]
+    n_actions = len(walk) - 1
+    assert walk_data["action_mask"][0].sum() == n_actions
+    assert walk_data["rewards"][0, n_actions - 1] == pytest.approx(walks.optimality(walk))
+    assert walk_data["terminals"][0, n_actions] and not walk_data["terminals"][0, :n_actions].any()
+
+
+def test_wordle_feedback_handles_repeated_letters():
+    assert feedback("apple", "apple") == (2, 2, 2, 2, 2)
+    assert feedback("allee", "apple") == (2, 1, 0, 0, 2)   # only one extra 'l' in the answer
+    assert feedback("crane", "about") == (0, 0, 1, 0, 0)
+
+
+@pytest.fixture(scope="module")
+def wordle():
+    return Wordle(n_games=200, n_words=32, seed=1)
+
+
+def test_wordle_expert_is_strong_and_data_is_suboptimal(wordle):
+    expert = wordle.expert_stats()
+    assert expert["win_rate"] == 1.0 and expert["mean_return"] > -3.5
+    data = wordle.data_stats()
+    assert data["mean_return"] < expert["mean_return"]
+
+
+def test_wordle_episodes_are_valid_per_token_mdps(wordle):
+    eps = wordle.episodes()
+    arrays = episodes_to_arrays(eps, wordle.max_tokens, wordle.max_actions)
+    answer, guesses = wordle.games[0]
+    tokens = eps[0].tokens
+    assert len(tokens) == 1 + 10 * len(guesses)
+    assert sum(eps[0].rewards) == -len(guesses)
+    actions = [tokens[p + 1] for p in eps[0].action_idxs]
+    assert wordle.tokenizer.decode(actions) == "".join(wordle.words[g] for g in guesses)
+    assert arrays["tokens"].max() < wordle.vocab_size
+
+
+def test_wordle_evaluate_plays_every_answer(wordle):
+    from agents.ilql.model import ILQLModel
+
+    model = ILQLModel({"vocab_size": wordle.vocab_size, "block_size": 64, "n_layer": 1, "n_embd": 32, "n_head": 2,
+                       "dim_feedfwd": 64})
+    out = wordle.evaluate(model, beta=1.0, samples=1, top_k=0, generator=torch.Generator().manual_seed(0))
+    assert -6.0 <= out["mean_return"] <= -1.0 and 0.0 <= out["win_rate"] <= 1.0
