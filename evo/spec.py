@@ -142,6 +142,9 @@ def _from_pydantic(source: str, exc: ValidationError) -> SpecError:
     if kind == "missing":
         return SpecError(source, loc, "required field is missing")
     msg = msg.removeprefix("Value error, ")
+    if msg.startswith("Input should be "):
+        msg = msg.removeprefix("Input should be ")
+        return SpecError(source, loc, f"expected {msg}, found {_describe(err.get('input'))}")
     if msg.startswith(("expected", "selection.")):
         if msg.startswith("selection."):
             field, _, rest = msg.partition(": ")

@@ -8,6 +8,8 @@ optimizer, architecture mutations resize the network and carry Adam's state, and
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,17 @@ def _dataset(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.rand(n, 2, generator=g) * 2 - 1
     y = torch.sin(3 * x[:, :1]) + x[:, 1:] ** 2
     return x, y
+
+
+_TRAIN_CALLS = 0
+
+
+def _maybe_crash() -> None:
+    """Crash-safety tests: SIGKILL this process at the N-th train() call (EVO_TOY_KILL_AT_TRAIN=N)."""
+    global _TRAIN_CALLS
+    _TRAIN_CALLS += 1
+    if os.environ.get("EVO_TOY_KILL_AT_TRAIN") == str(_TRAIN_CALLS):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class ToyAgent(TorchAgent):
@@ -79,6 +92,7 @@ class ToyAgent(TorchAgent):
         return [self.opt]
 
     def train(self, steps: int) -> dict[str, float]:
+        _maybe_crash()
         loss = torch.tensor(float("nan"))
         for _ in range(steps):
             idx = torch.randint(0, len(self.x), (int(self.hparams["batch_size"]),), generator=self.generator)

@@ -1,0 +1,52 @@
+"""Shared fixtures: the real `evo` command in a temp dir, and GPU tests that skip without CUDA."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOY_EXPERIMENT = REPO / "tests" / "experiments" / "toy.toml"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def evo_command() -> list[str]:
+    exe = Path(sys.executable).parent / "evo"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "evo.cli"]
+
+
+def run_evo(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real `evo` console script in `cwd`; the repo is on PYTHONPATH so test agents import."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                "RAY_AUTH_MODE": "disabled", **(env or {})}
+    proc = subprocess.run([*evo_command(), *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"evo {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
+    return tmp_path

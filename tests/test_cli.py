@@ -1,0 +1,153 @@
+"""The real `evo` command end to end: run, leaderboard, lineage, export, agents.load, resume, crashes.
+
+Runs go through the installed `evo` console script in a temp dir; read-only queries of finished
+runs call `evo.cli.main` in-process (same code, no interpreter start-up) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import agents
+from evo.cli import main
+from tests.conftest import TOY_EXPERIMENT, run_evo
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted reference run ("ref", seed 7, inline) that other runs are compared with."""
+    cwd = tmp_path_factory.mktemp("cli")
+    shutil.copy(TOY_EXPERIMENT, cwd / "toy.toml")
+    proc = run_evo(["run", "toy.toml", "--name", "ref", "--backend", "inline"], cwd, check=True)
+    assert "generation 3/3" in proc.stdout and "run ref completed" in proc.stdout
+    return cwd
+
+
+def evo(args: list[str], cwd: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def board(cwd: Path, run: str, capsys, monkeypatch) -> list[dict]:
+    code, out, err = evo(["leaderboard", run, "--format", "json"], cwd, capsys, monkeypatch)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def evaluations(run_dir: Path) -> list[tuple]:
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        return db.execute("SELECT generation, idx, fitness, score, history, hparams, arch "
+                          "FROM evaluations ORDER BY generation, idx").fetchall()
+
+
+def test_leaderboard_formats(runs: Path, capsys, monkeypatch) -> None:
+    rows = board(runs, "ref", capsys, monkeypatch)
+    assert len(rows) == 4 and [r["rank"] for r in rows] == [1, 2, 3, 4]
+    assert rows == sorted(rows, key=lambda r: -r["fitness"])
+    assert {"fitness", "fitness_std", "hparams", "arch", "age", "parent", "last_mutation"} <= set(rows[0])
+    code, table, _ = evo(["leaderboard", "ref", "--top", "2"], runs, capsys, monkeypatch)
+    assert code == 0 and "rank" in table and "hyperparameters" in table and "±" in table
+    code, text, _ = evo(["leaderboard", "ref", "--format", "csv"], runs, capsys, monkeypatch)
+    assert [int(r["member"]) for r in csv.DictReader(io.StringIO(text))] == [r["member"] for r in rows]
+    code, listing, _ = evo(["runs"], runs, capsys, monkeypatch)
+    assert "ref" in listing and "completed" in listing and "3/3" in listing
+
+
+def test_lineage_walks_back_to_a_founder(runs: Path, capsys, monkeypatch) -> None:
+    rows = board(runs, "ref", capsys, monkeypatch)
+    child = max(rows, key=lambda r: r["member"])
+    assert child["parent"] is not None
+    code, text, _ = evo(["lineage", "ref", "--member", str(child["member"])], runs, capsys, monkeypatch)
+    assert code == 0
+    assert f"member {child['member']:>4}" in text and "founder" in text and "mutation:" in text
+    code, _, err = evo(["lineage", "ref", "--member", "999"], runs, capsys, monkeypatch)
+    assert code == 2 and "no member 999" in err
+
+
+def test_export_then_agents_load_without_the_run(runs: Path, capsys, monkeypatch) -> None:
+    rows = board(runs, "ref", capsys, monkeypatch)
+    out = runs / "exported"
+    proc = run_evo(["export", "ref", "--out", str(out)], runs, check=True)  # the real command
+    assert f"exported member {rows[0]['member']}" in proc.stdout
+    assert (out / "agent" / "tensors.safetensors").is_file() and (out / "README.md").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["info"]["member"] == rows[0]["member"] and config["hparams"] == rows[0]["hparams"]
+    moved = runs / "elsewhere"
+    shutil.copytree(out, moved)
+    shutil.rmtree(out)
+    agent = agents.load(moved)  # nothing but the exported directory
+    assert agent.index == rows[0]["member"]
+    assert agent.evaluate().fitness == pytest.approx(rows[0]["last_fitness"], abs=1e-7)
+    code, _, err = evo(["export", "ref", "--out", str(runs / "o2"), "--member", "12345"], runs, capsys, monkeypatch)
+    assert code == 2 and "no such member" in err
+
+
+def test_same_seed_same_leaderboard_to_the_last_bit(runs: Path, capsys, monkeypatch) -> None:
+    run_evo(["run", "toy.toml", "--name", "again", "--backend", "inline"], runs, check=True)
+    run_evo(["run", "toy.toml", "--name", "seed8", "--backend", "inline", "--seed", "8", "--generations", "1"], runs, check=True)
+    assert evaluations(runs / "runs" / "again") == evaluations(runs / "runs" / "ref")
+    assert board(runs, "again", capsys, monkeypatch) == board(runs, "ref", capsys, monkeypatch)
+    assert [e[2] for e in evaluations(runs / "runs" / "seed8")] != [e[2] for e in evaluations(runs / "runs" / "ref")[:4]]
+
+
+def test_ray_backend_gives_the_inline_leaderboard(runs: Path, capsys, monkeypatch) -> None:
+    proc = run_evo(["run", "toy.toml", "--backend", "ray", "--name", "onray"], runs, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ray backend" in proc.stdout
+    assert evaluations(runs / "runs" / "onray") == evaluations(runs / "runs" / "ref")
+    out = runs / "from_ray"
+    run_evo(["export", "onray", "--out", str(out)], runs, check=True)
+    rows = board(runs, "onray", capsys, monkeypatch)
+    assert agents.load(out).evaluate().fitness == pytest.approx(rows[0]["last_fitness"], abs=1e-7)
+
+
+@pytest.mark.parametrize("kill_at_train, label", [(5, "between generations"), (7, "mid-generation")])
+def test_kill_and_resume_loses_and_duplicates_nothing(runs: Path, kill_at_train: int, label: str, capsys, monkeypatch) -> None:
+    """SIGKILL the run (4 members a generation: train call 5 opens generation 1, call 7 is inside it)."""
+    name = f"crash{kill_at_train}"
+    killed = run_evo(["run", "toy.toml", "--name", name, "--backend", "inline"], runs,
+                     env={"EVO_TOY_KILL_AT_TRAIN": str(kill_at_train)})
+    assert killed.returncode == -9, killed.stderr
+    assert sorted({e[0] for e in evaluations(runs / "runs" / name)}) == [0], f"{label}: only generation 0 is committed"
+    code, listing, _ = evo(["runs"], runs, capsys, monkeypatch)
+    assert any(name in line and "1/3" in line for line in listing.splitlines())
+    proc = run_evo(["resume", name], runs, check=True)
+    assert "resuming" in proc.stdout and "generation 1 of 3" in proc.stdout
+    assert evaluations(runs / "runs" / name) == evaluations(runs / "runs" / "ref")  # each generation once, same numbers
+    assert board(runs, name, capsys, monkeypatch) == board(runs, "ref", capsys, monkeypatch)
+
+
+def test_resume_extends_a_finished_run(runs: Path) -> None:
+    run_evo(["run", "toy.toml", "--name", "short", "--generations", "2", "--backend", "inline"], runs, check=True)
+    assert "already has 2 of 2" in run_evo(["resume", "short"], runs, check=True).stdout
+    run_evo(["resume", "short", "--generations", "3"], runs, check=True)
+    assert evaluations(runs / "runs" / "short") == evaluations(runs / "runs" / "ref")
+
+
+def test_taken_name_gets_a_suffix_and_damaged_checkpoint_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
+    for _ in range(2):
+        run_evo(["run", "toy.toml", "--generations", "1", "--backend", "inline"], tmp_path, check=True)
+    assert (tmp_path / "runs" / "toy").is_dir() and (tmp_path / "runs" / "toy-2").is_dir()
+    rows = board(tmp_path, "toy", capsys, monkeypatch)
+    f = tmp_path / "runs" / "toy" / "checkpoints" / "g0000" / "trained" / f"m{rows[0]['member']:05d}" / "tensors.safetensors"
+    f.write_bytes(f.read_bytes()[:-7])
+    proc = run_evo(["export", "toy", "--out", str(tmp_path / "o")], tmp_path)
+    assert proc.returncode == 1
+    assert "refusing a damaged checkpoint" in proc.stderr and "truncated or altered" in proc.stderr
+    assert not (tmp_path / "o" / "config.json").exists()
+
+
+def test_unknown_run_is_a_usage_error(tmp_path: Path, capsys, monkeypatch) -> None:
+    code, _, err = evo(["leaderboard", "nope"], tmp_path, capsys, monkeypatch)
+    assert code == 2 and "no run 'nope'" in err
