@@ -49,10 +49,14 @@ def generation_rng(seed: int, generation: int) -> np.random.Generator:
 def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
     cls = agent_class(exp.agent.kind)
     space = exp.hparam_space()
-    values = {name: hp.value for name, hp in space.items()}
     members = []
     for index in range(exp.population.size):
-        agent = cls.create(exp.arch(), dict(values), member_seed(exp.seed, index), index, context)
+        values = {name: hp.value for name, hp in space.items()}
+        if exp.population.initial == "sample" and index > 0:
+            # PBT-style spread; member 0 keeps the file's values so a good default is never lost
+            rng = np.random.default_rng(np.random.SeedSequence([exp.seed, index, 0x1417]))
+            values.update({name: hp.sample(rng) for name, hp in space.items() if hp.mutable})
+        agent = cls.create(exp.arch(), values, member_seed(exp.seed, index), index, context)
         record = MemberRecord(index, None, 0, None, dict(agent.arch), dict(agent.hparams), [])
         members.append(Member(record, agent))
     return members

@@ -35,6 +35,8 @@ class PopulationSpec(_Strict):
     size: int = Field(ge=1, le=4096, description="number of members")
     generations: int = Field(ge=1, description="generations to run")
     steps_per_generation: int = Field(ge=1, description="passed to agent.train(steps) each generation")
+    initial: Literal["same", "sample"] = Field(
+        default="same", description="founders' hyperparameters: all the starting values, or drawn from the ranges")
 
 
 class AgentSpec(_Strict):
