@@ -314,7 +314,7 @@ class EfficientZeroAgent(TorchAgent):
             collected += n
             self.env_steps += n
             self.update_credit += n * float(self.hparams["replay_ratio"])
-            while self.update_credit >= 1.0 and len(self.replay) >= max(self.task["min_replay"], 1):
+            while self.update_credit >= 1.0 and self._replay_ready():
                 self.update_credit -= 1.0
                 for k, v in self.update().items():
                     metrics_acc.setdefault(k, []).append(v)
@@ -328,6 +328,12 @@ class EfficientZeroAgent(TorchAgent):
                     "train_episode_return": float(np.mean(finished)) if finished else float("nan"),
                     "train_seconds": time.perf_counter() - t0})
         return out
+
+    def _replay_ready(self) -> bool:
+        """Enough rows to learn from? (Remembered once true: len() is a round trip to a Ray store.)"""
+        if not getattr(self, "_ready", False):
+            self._ready = len(self.replay) >= max(int(self.task["min_replay"]), 1)
+        return self._ready
 
     @staticmethod
     def _empty_rows() -> dict[str, list]:

@@ -244,32 +244,33 @@ class BatchedMCTS:
         for b in range(B):
             value_sum[b, 0] = _support_scalar(value_np[b], vs)
 
+        # node buffers, flat: entry n * B + b holds node n of tree b (index_select beats 2-D indexing)
         D = latent.shape[1:]
         h0, c0 = model.initial_hidden(B)
-        lat_buf = latent.new_empty((N, B, *D))
-        h_buf = h0.new_empty((N, *h0.shape))
-        c_buf = c0.new_empty((N, *c0.shape))
-        lat_buf[0], h_buf[0], c_buf[0] = latent, h0, c0
-        cols = torch.arange(B)
+        lat_buf = latent.new_empty((N * B, *D))
+        h_buf = h0.new_empty((N * B, *h0.shape[1:]))
+        c_buf = c0.new_empty((N * B, *c0.shape[1:]))
+        lat_buf[:B], h_buf[:B], c_buf[:B] = latent, h0, c0
+        col = np.arange(B)
         horizon = int(cfg.lstm_horizon_len)
 
         for s in range(sims):
             leaf = s + 1
             _select(children, prior, visits, value_sum, reward, minmax, cfg.discount, cfg.value_min_max_delta,
                     path, path_len, out_parent, out_action)
-            parent_t = torch.from_numpy(out_parent)
-            action_t = torch.from_numpy(out_action)
-            lat, (h, c), vp_logits = model.dynamics(lat_buf[parent_t, cols], action_t,
-                                                    (h_buf[parent_t, cols], c_buf[parent_t, cols]))
+            flat = torch.from_numpy(out_parent * B + col)
+            lat, (h, c), vp_logits = model.dynamics(lat_buf.index_select(0, flat), torch.from_numpy(out_action),
+                                                    (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
             p_logits, v_logits = model.predict(lat)
-            lat_buf[leaf] = lat
+            rows = slice(leaf * B, (leaf + 1) * B)
+            lat_buf[rows] = lat
             # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)
-            reset = (depth[np.arange(B), out_parent] + 1) % horizon == 0
+            reset = (depth[col, out_parent] + 1) % horizon == 0
             if reset.any():
                 keep = torch.from_numpy(~reset).to(h.dtype).unsqueeze(1)
                 h, c = h * keep, c * keep
-            h_buf[leaf], c_buf[leaf] = h, c
-            outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).double().numpy()
+            h_buf[rows], c_buf[rows] = h, c
+            outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).numpy()
             _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
                            reward, vprefix, depth, minmax, cfg.discount, horizon, path, path_len)
 

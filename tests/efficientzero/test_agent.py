@@ -169,10 +169,21 @@ def test_conv_variant_on_tiny_image_env():
 def test_small_agent_improves_on_cartpole():
     task = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
     ctx = AgentContext(task=task, replay=EfficientZeroAgent.create_replay(task, 0, False))
-    a = EfficientZeroAgent.create({}, {"discount": 0.99, "collect_temperature": 0.5}, 0, 0, ctx)
+    a = EfficientZeroAgent.create({}, {"discount": 0.99}, 0, 0, ctx)
     start = a.evaluate().fitness
     best = start
     for _ in range(6):
         a.train(1000)
         best = max(best, a.evaluate().fitness)
     assert best > start + 50
+
+
+def test_export_and_load(tmp_path):
+    import agents
+
+    a = make()
+    a.train(30)
+    out = a.export(tmp_path / "export", info={"run": "t", "generation": 1, "fitness": 1.0})
+    b = agents.load(out) if hasattr(agents, "load") else EfficientZeroAgent.load_export(out)
+    assert isinstance(b, EfficientZeroAgent) and torch.equal(params(a), params(b))
+    assert b.evaluate().fitness == a.evaluate().fitness
