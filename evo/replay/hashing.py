@@ -99,10 +99,15 @@ def fmix64(h: np.ndarray) -> np.ndarray:
 
 def hash_rows(schema: Schema, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     """uint64 key per row of ``arrays`` over ``schema.hashed_fields``; stable across processes."""
-    m = pack_rows(schema, arrays)
+    return hash_packed(schema, pack_rows(schema, arrays))
+
+
+def hash_packed(schema: Schema, m: np.ndarray) -> np.ndarray:
+    """The hash of rows already packed by :func:`pack_rows` (the store reuses the packed words to
+    confirm hash hits by content)."""
     n, w = m.shape
     if w > _MAX_WORDS:
-        # Very wide rows (long token sequences): fold blocks of words first with xxh3-free numpy.
+        # Very wide rows (long token sequences): fold blocks of words, then finalise.
         return _hash_wide(schema, m)
     x = m + _ADD[:w]
     x *= _MUL[:w]

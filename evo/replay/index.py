@@ -7,7 +7,8 @@ batch is a handful of numpy calls, not a Python loop per row. Because a bucket r
 overflowed, a deleted entry is simply emptied (no tombstones): a lookup keeps probing past an
 overflowed bucket whatever its entries hold. When more than an eighth of the buckets have
 overflowed the table is rebuilt, which keeps probes short under constant FIFO eviction. The table
-has at least twice ``capacity`` entries. One key value (all ones) marks an empty entry and is
+has at least four times ``capacity`` entries (12 bytes each), so nearly every key is
+resolved in its home bucket. One key value (all ones) marks an empty entry and is
 reserved: the store gives a row hashing to it a re-mixed key, as for a collision.
 
 Unlike TorchRL's HashToInt the index is plain arrays: it is rebuilt from ``slot_key`` on restore
@@ -46,7 +47,7 @@ class KeyIndex:
         self._live = 0
         self.rebuilds = 0
         nb = 2
-        while nb * W < 2 * self.capacity:
+        while nb * W < 4 * self.capacity:  # load <= 1/4: a bucket of 8 almost never overflows
             nb *= 2
         self._alloc(nb)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from evo.replay import snapshot as snap
 from evo.replay.errors import ReplayError
-from evo.replay.hashing import HashFn, hash_rows, remix
+from evo.replay.hashing import HashFn, hash_packed, pack_rows, remix
 from evo.replay.index import EMPTY_KEY, KeyIndex
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.samplers import follow, make_sampler
@@ -159,10 +159,12 @@ class ReplayStore:
     def hash(self, batch: Mapping[str, Any]) -> np.ndarray:
         """The content hash of each row of a (validated) batch, without inserting it."""
         arrays, n = self.schema.validate(batch)
-        return self._hash(arrays, n)
+        return self._hash(arrays, n, pack_rows(self.schema, arrays))
 
-    def _hash(self, arrays: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-        h = self._hash_fn(self.schema, arrays) if self._hash_fn is not None else hash_rows(self.schema, arrays)
+    def _hash(self, arrays: Mapping[str, np.ndarray], n: int, packed: np.ndarray) -> np.ndarray:
+        if self._hash_fn is None:
+            return hash_packed(self.schema, packed)
+        h = self._hash_fn(self.schema, arrays)
         h = np.asarray(h)
         if h.shape != (n,) or h.dtype != np.uint64:
             raise ReplayError(f"hash_fn must return uint64[{n}], returned {h.dtype}{list(h.shape)}")
@@ -174,41 +176,45 @@ class ReplayStore:
         arrays, n = self.schema.validate(batch)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
-        names = self.schema.hashed_fields
-        h = self._hash(arrays, n)
+        packed = pack_rows(self.schema, arrays)  # key-field bytes as uint64 words: hashed and compared
+        h = self._hash(arrays, n, packed)
         keys = h.copy()
+        ar = np.arange(n)
         stored = self._index.lookup(h)  # slot of an existing row with this key, or -1
+        hitm = stored >= 0
         pending = h == EMPTY_KEY  # the index's empty marker is reserved: such rows take the collision path
-        hit = np.flatnonzero(stored >= 0)
-        if hit.size:
-            same = self._storage.equal_rows(names, stored[hit], arrays, hit)
-            if not same.all():
-                bad = hit[~same]
+        any_pending = bool(pending.any())
+        if hitm.any():  # confirm every hash hit by comparing the stored row's bytes
+            hit = np.flatnonzero(hitm)
+            cols = self._storage.columns
+            theirs = pack_rows(self.schema, {k: cols[k].take(stored[hit], axis=0) for k in self.schema.hashed_fields})
+            eq = packed[hit] == theirs
+            if not eq.all():
+                bad = hit[~eq.all(axis=1)]
                 stored[bad] = -1
-                pending[bad] = True
-        # Rows absent from the store: the first row of each distinct key is new, later ones with
-        # the same key are in-batch duplicates once their content matches.
-        rep = np.full(n, -1, dtype=np.int64)  # batch row holding the new copy of this row
-        miss = np.flatnonzero((stored < 0) & ~pending)
-        if miss.size:
-            mk = h[miss]
-            order = np.argsort(mk, kind="stable")
-            sk = mk[order]
-            starts = np.ones(sk.size, dtype=bool)
-            starts[1:] = sk[1:] != sk[:-1]
-            first = miss[order][np.maximum.accumulate(np.where(starts, np.arange(sk.size), 0))]
-            rep[miss[order]] = first
-            dup_in = np.flatnonzero(rep != np.arange(n))
-            dup_in = dup_in[rep[dup_in] >= 0]
-            if dup_in.size:
-                same = _rows_equal(names, arrays, dup_in, rep[dup_in])
-                if not same.all():
-                    bad = dup_in[~same]
+                pending[bad] = any_pending = True
+        # rep[i]: the batch row whose copy row i is (itself if new), -1 if row i is stored already
+        rep = np.where(hitm | pending, -1, ar)
+        order = np.argsort(h, kind="stable")
+        sk = h[order]
+        same = sk[1:] == sk[:-1]
+        if same.any():  # equal keys in the batch: all hits (handled above) or all misses
+            starts = np.ones(n, dtype=bool)
+            starts[1:] = ~same
+            first = order[np.maximum.accumulate(np.where(starts, ar, 0))]
+            cand = ~starts & (rep[order] >= 0)
+            rows_c, reps_c = order[cand], first[cand]
+            if rows_c.size:
+                eq = (packed[rows_c] == packed[reps_c]).all(axis=1)
+                rep[rows_c[eq]] = reps_c[eq]
+                bad = rows_c[~eq]
+                if bad.size:
                     rep[bad] = -1
-                    pending[bad] = True
-        if pending.any():
+                    pending[bad] = any_pending = True
+        if any_pending:
             self._resolve_collisions(arrays, h, keys, stored, rep, pending)
-        new_rows = np.flatnonzero(rep == np.arange(n))
+        newm = rep == ar
+        new_rows = np.flatnonzero(newm)
         n_new = int(new_rows.size)
         if n_new > self.capacity:
             raise ReplayError(
@@ -218,31 +224,29 @@ class ReplayStore:
             self.rate_limiter.check_insert(n_new)
         # ---- commit (nothing below can fail on user input)
         dup_stored = stored >= 0
-        keys[dup_stored] = self._index.slot_key[stored[dup_stored]]
-        keys[rep >= 0] = keys[rep[rep >= 0]]
         if dup_stored.any():
             self._index.bump(stored[dup_stored])
         write = np.zeros(0, dtype=np.int64)
         if n_new:
             write = (self._next + np.arange(n_new)) % self.capacity
             self._evict(write)
-            full_batch = n_new == n
-            write = self._storage.write(self._next, n_new, arrays, None if full_batch else new_rows)
+            write = self._storage.write(self._next, n_new, arrays, None if n_new == n else new_rows)
             self._index.add(keys[new_rows], write)
             self._next = (self._next + n_new) % self.capacity
             self._written = min(self.capacity, self._written + n_new)
             self._sampler.on_insert(write)
-        slot_of_rep = np.full(n, -1, dtype=np.int64)
-        slot_of_rep[new_rows] = write
-        in_batch_dup = (rep >= 0) & (rep != np.arange(n))
-        if in_batch_dup.any():
-            self._index.bump(slot_of_rep[rep[in_batch_dup]])
-        if self.episode_field is not None:
-            slots = np.where(rep >= 0, slot_of_rep[np.maximum(rep, 0)], stored)
-            live = (slots >= 0)
-            live[live] = self._index.slot_key[slots[live]] == keys[live]
-            live[live] &= self._index.slot_pos[slots[live]] >= 0
-            self._link(arrays[self.episode_field], np.where(live, slots, -1), keys)
+        if n_new != n or self.episode_field is not None:
+            slot_of_rep = np.full(n, -1, dtype=np.int64)
+            slot_of_rep[new_rows] = write
+            in_batch_dup = (rep >= 0) & ~newm
+            if in_batch_dup.any():
+                self._index.bump(slot_of_rep[rep[in_batch_dup]])
+            if self.episode_field is not None:
+                slots = np.where(rep >= 0, slot_of_rep[np.maximum(rep, 0)], stored)
+                live = slots >= 0
+                live[live] = self._index.slot_key[slots[live]] == keys[live]
+                live[live] &= self._index.slot_pos[slots[live]] >= 0
+                self._link(arrays[self.episode_field], np.where(live, slots, -1), keys)
         c = self.counters
         c["rows_inserted"] += n
         c["rows_new"] += n_new
@@ -268,6 +272,7 @@ class ReplayStore:
                 elif s >= 0:
                     if self._storage.equal_rows(names, np.array([s]), arrays, np.array([i]))[0]:
                         stored[i] = s
+                        keys[i] = k
                         break
                 elif k in claimed:
                     r = claimed[k]
