@@ -130,4 +130,4 @@ def replay_schema(max_len: int, max_actions: int, row_field: str | None = None):
 
 
 def to_torch(batch: dict[str, np.ndarray], device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    return {k: torch.as_tensor(np.asarray(batch[k])).to(device) for k in FIELDS}
+    return {k: torch.from_numpy(np.array(batch[k])).to(device) for k in FIELDS}  # copies: store arrays may be read-only

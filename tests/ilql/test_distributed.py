@@ -1,0 +1,30 @@
+"""ILQL members drawing from the Ray replay service give the same batches as from the in-process store."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.base import AgentContext
+from agents.ilql.agent import ILQLAgent
+
+ARCH = {"n_layer": 1, "n_embd": 32, "n_head": 2, "dim_feedfwd": 64}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_service_and_local_store_give_identical_training(ray_cluster):
+    task = ILQLAgent.validate_task({"task": "randomwalks", "eval_samples": 1})
+    service = ILQLAgent.create_replay(task, seed=0, distributed=True)
+    local = ILQLAgent.create_replay(task, seed=0, distributed=False)
+    assert len(service) == len(local) == 1000
+    arch = ILQLAgent.validate_arch(ARCH)
+    a = ILQLAgent.create(arch, {}, seed=3, index=0, context=AgentContext(task=task, replay=service))
+    b = ILQLAgent.create(arch, {}, seed=3, index=0, context=AgentContext(task=task, replay=local))
+    assert a.train(3) == b.train(3)
+    service.stop()
