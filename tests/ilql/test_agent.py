@@ -114,3 +114,18 @@ def test_export_refuses_activations_hugging_face_cannot_express(tmp_path, contex
     a.set_activation("ELU")
     with pytest.raises(ValueError, match="export: activation 'ELU' has no Hugging Face equivalent"):
         a.export(tmp_path / "out")
+
+
+def test_wordle_member_trains_and_reports_return_and_bc():
+    task = ILQLAgent.validate_task({"task": "wordle", "n_games": 60, "n_words": 16, "eval_samples": 1})
+    store = ILQLAgent.create_replay(task, seed=0, distributed=False)
+    assert len(store) == 60
+    ctx = AgentContext(task=task, replay=store, seed=0)
+    agent = ILQLAgent.create(ILQLAgent.validate_arch({**ARCH, "n_layer": 1}), {"batch_size": 8}, seed=0, index=0,
+                             context=ctx)
+    assert agent.arch["block_size"] >= 61
+    losses = agent.train(2)
+    assert {"loss_q", "loss_v", "loss_cql", "loss_awac", "loss_dm"} <= set(losses)
+    ev = agent.evaluate()
+    assert ev.fitness == ev.metrics["mean_return"] and -6 <= ev.fitness <= -1
+    assert "bc_mean_return" in ev.metrics and "win_rate" in ev.metrics
