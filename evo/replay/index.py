@@ -21,6 +21,7 @@ import numpy as np
 
 EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _FIB = np.uint64(0x9E3779B97F4A7C15)
+_HAS_BITCOUNT = hasattr(np, "bitwise_count")
 W = 8  # keys per bucket: 8 x 8 bytes = one 64-byte cache line
 
 
@@ -33,7 +34,9 @@ def _rows(m: np.ndarray) -> np.ndarray:
 def _first(x: np.ndarray) -> np.ndarray:
     """Index of the first True entry of rows packed by ``_rows`` (rows must be non-zero)."""
     low = x & (np.uint64(0) - x)  # lowest set bit
-    return (np.bitwise_count(low - np.uint64(1)) >> 3).astype(np.int64)
+    if _HAS_BITCOUNT:
+        return (np.bitwise_count(low - np.uint64(1)) >> 3).astype(np.int64)
+    return np.log2(low.astype(np.float64)).astype(np.int64) >> 3  # numpy < 2.0: exact for powers of two
 
 
 class KeyIndex:
