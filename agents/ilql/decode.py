@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -60,7 +59,3 @@ def generate(model: ILQLModel, prompts: torch.Tensor, max_new_tokens: int, beta:
         tokens = torch.cat([tokens, nxt], dim=1)
     model.train(was_training)
     return tokens
-
-
-def as_numpy(tokens: torch.Tensor) -> np.ndarray:
-    return tokens.cpu().numpy()

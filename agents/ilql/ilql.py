@@ -30,9 +30,6 @@ from evo.checkpoint import load_state, save_state
 
 __all__ = ["ILQL"]
 
-_EXTRA = {"v_weight": 1.0, "cql_weight": 0.01, "awac_weight": 1.0, "dm_weight": 0.0, "grad_clip": 1.0}
-
-
 class ILQL:
     def __init__(self, dataset: Any, net_config: dict[str, Any], index: int = 0, batch_size: int = 64,
                  lr: float = 1e-5, alpha: float = 0.005, beta: float = 0.0, gamma: float = 0.99, tau: float = 0.6,
@@ -182,9 +179,7 @@ class ILQL:
         return agent
 
     def set_state(self, state: dict[str, Any]) -> None:
-        missing, unexpected = self.model.load_state_dict({k: torch.as_tensor(v) for k, v in state["model"].items()},
-                                                         strict=True), None
-        del missing, unexpected
+        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in state["model"].items()}, strict=True)
         self.optimizer = self._make_optimizer()
         _load_optimizer_state(self.optimizer, self.model, state["optimizer"])
         self.generator = torch.Generator()

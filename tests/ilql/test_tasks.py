@@ -1,6 +1,5 @@
 """The tasks: randomwalks facts (trlx's graph and scores) and Wordle mechanics and data."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,7 +12,6 @@ def test_randomwalks_matches_the_reference_setup(walks):
     assert len(walks.walks) == 1000 and all(len(w) <= 10 for w in walks.walks)
     assert walks.data_optimality() == pytest.approx(0.35, abs=0.02)  # uniform walks score ~0.35
     start = 1
-    best = walks.best_lengths[start]
     assert walks.optimality([start, 99]) == 0.0          # missing node: invalid path
     assert walks.optimality([start]) == 0.0              # never reaches the goal
 
