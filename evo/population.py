@@ -123,6 +123,8 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, generations: 
         store.save_initial_population([(m.record, m.agent.get_state()) for m in members])
     else:
         members = [Member(rec, cls.from_state(state, scheduler.context)) for rec, state in store.load_population(start)]
+        if start > 0:
+            store.restore_replay(scheduler.context.replay, start - 1)
     store.set(status="running", generations_planned=total)
     for generation in range(start, total):
         t0 = time.perf_counter()
@@ -140,6 +142,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, generations: 
                                              dict(result.evaluation.metrics), result.train_metrics,
                                              member.agent.get_state(), result.wall_s))
         children = next_generation(members, generation + 1, exp)
+        store.snapshot_replay(scheduler.context.replay, generation)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],
                                 time.perf_counter() - t0)
         if on_generation:

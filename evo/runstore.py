@@ -96,7 +96,8 @@ def _json_default(obj: Any) -> Any:
 
 class RunStore:
     def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+        # absolute: replay snapshots are written by a Ray actor whose working directory may differ
+        self.path = Path(path).resolve()
         self._db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -208,6 +209,34 @@ class RunStore:
             db.execute("INSERT OR REPLACE INTO run VALUES ('generations_done', ?)", (str(generation + 1),))
             db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
         self._prune(generation)
+
+    # ---- the shared replay store -------------------------------------------------------------
+    def snapshot_replay(self, replay: object, generation: int) -> None:
+        """Snapshot the run's shared replay store as of the end of `generation` (before it commits).
+
+        Stores without `snapshot` (or no store) are skipped. The snapshot for generation g is what
+        a resume from g loads, so the data matches the population it resumes.
+        """
+        snapshot = getattr(replay, "snapshot", None)
+        if snapshot is None:
+            return
+        snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
+
+    def restore_replay(self, replay: object, generation: int) -> bool:
+        """Load the replay snapshot of `generation` into `replay` in place; False if there is none."""
+        directory = self.path / "replay" / f"g{generation:04d}"
+        load = getattr(replay, "load_snapshot", None)
+        if load is None or not directory.is_dir():
+            return False
+        load(directory)
+        return True
+
+    def _prune_replay(self, generation: int) -> None:
+        root = self.path / "replay"
+        if root.is_dir():
+            for d in root.iterdir():
+                if d.name.startswith("g") and d.name[1:].isdigit() and int(d.name[1:]) < generation:
+                    shutil.rmtree(d, ignore_errors=True)
 
     def _prune(self, generation: int) -> None:
         """Drop checkpoints no longer needed: older start states, and trained states that were not a generation's best."""
