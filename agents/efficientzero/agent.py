@@ -70,21 +70,24 @@ def replay_schema(obs_shape: tuple[int, ...], num_actions: int):
     })
 
 
-def _optimizer_state_to_tree(sd: dict[str, Any]) -> dict[str, Any]:
-    return {"state": {str(k): v for k, v in sd["state"].items()},
-            "param_groups": [dict(g) for g in sd["param_groups"]]}
+def _optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
+    """Adam state keyed by parameter *name*: after architecture mutations the optimizer's parameter
+    order differs from a freshly built model's, so positional state dicts would mismatch."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    hyper = {k: (list(v) if isinstance(v, tuple) else v) for k, v in optimizer.param_groups[0].items() if k != "params"}
+    state = {names[id(p)]: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+             for p, st in optimizer.state.items() if id(p) in names}
+    return {"hyper": hyper, "state": state}
 
 
-def _optimizer_state_from_tree(tree: dict[str, Any]) -> dict[str, Any]:
-    state = {}
-    for k, v in tree["state"].items():
-        state[int(k)] = {name: (t if torch.is_tensor(t) else torch.as_tensor(t)) for name, t in v.items()}
-    groups = []
-    for g in tree["param_groups"]:
-        g = dict(g)
-        g["params"] = [int(p) for p in g["params"]]
-        groups.append(g)
-    return {"state": state, "param_groups": groups}
+def _load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tree: dict[str, Any]) -> None:
+    params = dict(model.named_parameters())
+    for k, v in tree["hyper"].items():
+        optimizer.param_groups[0][k] = tuple(v) if isinstance(v, list) else v
+    for name, st in tree["state"].items():
+        if name not in params:
+            raise ValueError(f"state.optimizer: parameter {name!r} is not in the model built from the saved arch")
+        optimizer.state[params[name]] = {k: (v.clone() if torch.is_tensor(v) else torch.as_tensor(v)) for k, v in st.items()}
 
 
 class EfficientZeroAgent(TorchAgent):
@@ -554,7 +557,7 @@ class EfficientZeroAgent(TorchAgent):
             "task": copy.deepcopy(self.task),
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "target_model": {k: v.detach().clone() for k, v in self.target_model.state_dict().items()},
-            "optimizer": _optimizer_state_to_tree(copy.deepcopy(self.optimizer.state_dict())),
+            "optimizer": _optimizer_state_by_name(self.optimizer, self.model),
             "rng": self.rng_state(),
             "counters": {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                          "update_credit": self.update_credit},
@@ -570,7 +573,7 @@ class EfficientZeroAgent(TorchAgent):
         agent = cls(state["arch"], state["hparams"], int(state["seed"]), int(state["index"]), context)
         agent.model.load_state_dict(state["model"])
         agent.target_model.load_state_dict(state["target_model"])
-        agent.optimizer.load_state_dict(_optimizer_state_from_tree(state["optimizer"]))
+        _load_optimizer_state_by_name(agent.optimizer, agent.model, state["optimizer"])
         agent.restore_rng(state["rng"])
         c = state["counters"]
         agent.env_steps, agent.updates, agent.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
