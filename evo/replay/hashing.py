@@ -19,6 +19,7 @@ from typing import Callable, Mapping
 import numpy as np
 import xxhash
 
+from evo.replay import _kernels
 from evo.replay.schema import Schema
 
 HashFn = Callable[[Schema, Mapping[str, np.ndarray]], np.ndarray]
@@ -109,6 +110,8 @@ def hash_packed(schema: Schema, m: np.ndarray) -> np.ndarray:
     if w > _MAX_WORDS:
         # Very wide rows (long token sequences): fold blocks of words, then finalise.
         return _hash_wide(schema, m)
+    if _kernels.enabled():
+        return _kernels.hash_words(m, _ADD, _MUL, np.uint64(_layout(schema)[2]))
     x = m + _ADD[:w]
     x *= _MUL[:w]
     x ^= x >> _S32

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from evo.replay import _kernels
+
 EMPTY_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _FIB = np.uint64(0x9E3779B97F4A7C15)
 _HAS_BITCOUNT = hasattr(np, "bitwise_count")
@@ -49,6 +51,7 @@ class KeyIndex:
         self.refcount = np.zeros(self.capacity, dtype=np.int64)
         self._live = 0
         self.rebuilds = 0
+        self._mul = _FIB  # home bucket = top bits of key * _mul (tests make it poor to force overflow)
         nb = 2
         while nb * W < 4 * self.capacity:  # load <= 1/4: a bucket of 8 almost never overflows
             nb *= 2
@@ -69,7 +72,7 @@ class KeyIndex:
 
     def _home(self, keys: np.ndarray) -> np.ndarray:
         # Fibonacci hashing: robust even to structured keys from an injected hash function.
-        return (keys * _FIB >> self._shift).astype(np.int64)
+        return (keys * self._mul >> self._shift).astype(np.int64)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Slot of each key, or -1 where the key is not in the index."""
@@ -77,6 +80,8 @@ class KeyIndex:
         out = np.full(keys.shape[0], -1, dtype=np.int64)
         if not keys.size or not self._live:
             return out
+        if _kernels.enabled():
+            return _kernels.lookup(keys, self._fkeys, self._fslot, self._overflow, self._bmask, self._shift, self._mul)
         b = self._home(keys)
         active = None
         k = keys
@@ -113,6 +118,10 @@ class KeyIndex:
         self._live += keys.size
 
     def _place(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        if _kernels.enabled():
+            self._n_overflow += _kernels.place(keys, slots, self._fkeys, self._fslot, self._overflow, self._bmask,
+                                               self._shift, self._mul, self.slot_pos)
+            return
         b = self._home(keys)
         fkeys = self._fkeys
         while keys.size:
@@ -138,20 +147,26 @@ class KeyIndex:
             lose = ~won
             keys, slots, b = keys[lose], slots[lose], b[lose]
 
-    def remove_slots(self, slots: np.ndarray) -> None:
-        """Drop the keys held by ``slots`` (eviction): their entries become empty again."""
+    def remove_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Drop the keys held by ``slots`` (eviction): their entries become empty again. Returns the
+        slots that held a key."""
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if _kernels.enabled():
+            gone = _kernels.evict(slots, self.slot_pos, self._fkeys, self._fslot, self.refcount)
+            self._live -= gone.size
+            return gone
         pos = self.slot_pos[slots]
         live = pos >= 0
         if not live.all():
             slots, pos = slots[live], pos[live]
         if not pos.size:
-            return
+            return slots
         self._fkeys[pos] = EMPTY_KEY
         self._fslot[pos] = -1
         self.slot_pos[slots] = -1
         self.refcount[slots] = 0
         self._live -= pos.size
+        return slots
 
     def bump(self, slots: np.ndarray) -> None:
         """Add one reference per occurrence of a slot (duplicate inserts)."""

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from evo.replay import _kernels
 from evo.replay.errors import ReplayError
 
 BLOCK = 64  # leaves per block of the two-level sum tree
@@ -120,6 +121,8 @@ class SumTree:
 
     def find(self, u: np.ndarray) -> np.ndarray:
         """Leaf index for each prefix-sum target ``u`` in [0, total)."""
+        if _kernels.enabled():
+            return _kernels.find(u, self._bcum, self._bstart, self._pref, self.leaves)
         b = np.searchsorted(self._bcum, u, side="right")  # u < total, so b < nblocks and bsum[b] > 0
         r = u - self._bstart[b]
         rows = self._pref.take(b, axis=0)

@@ -19,9 +19,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from evo.replay import _kernels
 from evo.replay import snapshot as snap
 from evo.replay.errors import ReplayError
-from evo.replay.hashing import HashFn, hash_packed, pack_rows, remix
+from evo.replay.hashing import HashFn, _layout, hash_packed, pack_rows, remix
 from evo.replay.index import EMPTY_KEY, KeyIndex
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.samplers import follow, make_sampler
@@ -171,6 +172,23 @@ class ReplayStore:
         return h
 
     # ------------------------------------------------------------------ insert
+    def _cmp_layout(self):
+        """(uint8 [capacity, width] view of each hashed column, byte offsets in a packed row, widths)
+        for the kernel that compares stored rows with a batch; None if no key field has bytes."""
+        cached = self.__dict__.get("_cmp_cache")
+        if cached is None or cached[0] is not self._storage.columns:
+            parts = _layout(self.schema)[0]
+            if not parts:
+                lay = None
+            else:
+                cols = tuple(np.asarray(self._storage.columns[k]).reshape(self.capacity, -1).view(np.uint8)
+                             for k, _, _ in parts)
+                lay = (cols, np.array([o for _, o, _ in parts], dtype=np.int64),
+                       np.array([w for _, _, w in parts], dtype=np.int64))
+            cached = (self._storage.columns, lay)
+            self._cmp_cache = cached
+        return cached[1]
+
     def insert(self, batch: Mapping[str, Any]) -> np.ndarray:
         """Insert rows; return one uint64 key per row. All-or-nothing: a bad batch writes nothing."""
         arrays, n = self.schema.validate(batch)
@@ -180,37 +198,14 @@ class ReplayStore:
         h = self._hash(arrays, n, packed)
         keys = h.copy()
         ar = np.arange(n)
-        stored = self._index.lookup(h)  # slot of an existing row with this key, or -1
-        hitm = stored >= 0
-        pending = h == EMPTY_KEY  # the index's empty marker is reserved: such rows take the collision path
-        any_pending = bool(pending.any())
-        if hitm.any():  # confirm every hash hit by comparing the stored row's bytes
-            hit = np.flatnonzero(hitm)
-            cols = self._storage.columns
-            theirs = pack_rows(self.schema, {k: cols[k].take(stored[hit], axis=0) for k in self.schema.hashed_fields})
-            eq = packed[hit] == theirs
-            if not eq.all():
-                bad = hit[~eq.all(axis=1)]
-                stored[bad] = -1
-                pending[bad] = any_pending = True
-        # rep[i]: the batch row whose copy row i is (itself if new), -1 if row i is stored already
-        rep = np.where(hitm | pending, -1, ar)
-        order = np.argsort(h, kind="stable")
-        sk = h[order]
-        same = sk[1:] == sk[:-1]
-        if same.any():  # equal keys in the batch: all hits (handled above) or all misses
-            starts = np.ones(n, dtype=bool)
-            starts[1:] = ~same
-            first = order[np.maximum.accumulate(np.where(starts, ar, 0))]
-            cand = ~starts & (rep[order] >= 0)
-            rows_c, reps_c = order[cand], first[cand]
-            if rows_c.size:
-                eq = (packed[rows_c] == packed[reps_c]).all(axis=1)
-                rep[rows_c[eq]] = reps_c[eq]
-                bad = rows_c[~eq]
-                if bad.size:
-                    rep[bad] = -1
-                    pending[bad] = any_pending = True
+        if _kernels.enabled() and self._cmp_layout() is not None:
+            cols, offs, widths = self._cmp_layout()
+            idx = self._index
+            stored, rep, pending = _kernels.classify(h, packed.view(np.uint8), cols, offs, widths, idx._fkeys,
+                                                     idx._fslot, idx._overflow, idx._bmask, idx._shift, idx._mul)
+            any_pending = bool(pending.any())
+        else:
+            stored, rep, pending, any_pending = self._classify(packed, h, n, ar)
         if any_pending:
             self._resolve_collisions(arrays, h, keys, stored, rep, pending)
         newm = rep == ar
@@ -255,6 +250,41 @@ class ReplayStore:
             self.rate_limiter.inserts += n_new
         return keys
 
+    def _classify(self, packed: np.ndarray, h: np.ndarray, n: int, ar: np.ndarray):
+        """numpy path of the dedup decision (see ``_kernels.classify`` for the contract)."""
+        stored = self._index.lookup(h)  # slot of an existing row with this key, or -1
+        hitm = stored >= 0
+        pending = h == EMPTY_KEY  # the index's empty marker is reserved: such rows take the collision path
+        any_pending = bool(pending.any())
+        if hitm.any():  # confirm every hash hit by comparing the stored row's bytes
+            hit = np.flatnonzero(hitm)
+            cols = self._storage.columns
+            theirs = pack_rows(self.schema, {k: cols[k].take(stored[hit], axis=0) for k in self.schema.hashed_fields})
+            eq = packed[hit] == theirs
+            if not eq.all():
+                bad = hit[~eq.all(axis=1)]
+                stored[bad] = -1
+                pending[bad] = any_pending = True
+        # rep[i]: the batch row whose copy row i is (itself if new), -1 if row i is stored already
+        rep = np.where(hitm | pending, -1, ar)
+        order = np.argsort(h, kind="stable")
+        sk = h[order]
+        same = sk[1:] == sk[:-1]
+        if same.any():  # equal keys in the batch: all hits (handled above) or all misses
+            starts = np.ones(n, dtype=bool)
+            starts[1:] = ~same
+            first = order[np.maximum.accumulate(np.where(starts, ar, 0))]
+            cand = ~starts & (rep[order] >= 0)
+            rows_c, reps_c = order[cand], first[cand]
+            if rows_c.size:
+                eq = (packed[rows_c] == packed[reps_c]).all(axis=1)
+                rep[rows_c[eq]] = reps_c[eq]
+                bad = rows_c[~eq]
+                if bad.size:
+                    rep[bad] = -1
+                    pending[bad] = any_pending = True
+        return stored, rep, pending, any_pending
+
     def _resolve_collisions(self, arrays, h, keys, stored, rep, pending) -> None:
         """Slow path, row by row, for rows whose hash matched different content: try re-mixed keys
         until one is free or holds this very row. Rare at 64 bits; exercised by tests with a
@@ -294,10 +324,9 @@ class ReplayStore:
 
     def _evict(self, slots: np.ndarray) -> None:
         """FIFO: the ring slots about to be overwritten lose their keys (and trajectory links)."""
-        live = slots[self._index.slot_pos[slots] >= 0]
+        live = self._index.remove_slots(slots)
         if not live.size:
             return
-        self._index.remove_slots(live)
         self.counters["evicted"] += int(live.size)
         if self.episode_field is not None:
             p = self._pred[live]

@@ -10,8 +10,8 @@ from evo.replay.index import KeyIndex
 def test_index_matches_dict_model_under_fifo_churn():
     cap = 512
     ix = KeyIndex(cap)
-    # a deliberately poor home function: every key lands in one of 5 buckets, so chains overflow
-    ix._home = lambda keys: (keys % np.uint64(5)).astype(np.int64)
+    # a deliberately poor home multiplier: every key below lands in one of 4 buckets, so chains overflow
+    ix._mul = np.uint64(1 << 22)
     model: dict[int, int] = {}
     rng = np.random.default_rng(0)
     nxt = 0

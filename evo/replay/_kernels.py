@@ -1,0 +1,283 @@
+"""Optional numba kernels for the replay store's hot paths (insert and prioritised sampling).
+
+numba is optional: when it is not installed, or ``EVO_REPLAY_NUMBA=0`` is set, or on a big-endian
+machine, every caller falls back to the pure-numpy code next to it. Both paths compute exactly the
+same thing: the same keys (the kernel runs the same uint64 arithmetic as ``hashing.hash_packed``),
+the same dedup/collision decisions, the same index contents (slot per key; only the bucket entry a
+key lands in may differ, which nothing observes) and bit-identical prioritised samples (the random
+numbers and the importance weights are computed by numpy in both cases). So a snapshot taken with
+one path restores and samples identically with the other.
+
+Kernels are compiled lazily on first use (``cache=True`` keeps the machine code on disk between
+processes); :func:`warmup` compiles them all up front and returns how long that took, so a benchmark
+can keep compile time out of steady-state timing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+try:  # pragma: no cover - depends on the environment
+    if os.environ.get("EVO_REPLAY_NUMBA", "1").strip().lower() in ("0", "false", "no", "off"):
+        raise ImportError("disabled by EVO_REPLAY_NUMBA")
+    if sys.byteorder != "little":
+        raise ImportError("kernels compare little-endian row bytes")
+    import numba
+
+    AVAILABLE = True
+except Exception:  # ImportError, or a numba that fails to load against this numpy
+    numba = None
+    AVAILABLE = False
+
+_enabled = AVAILABLE
+
+
+def enabled() -> bool:
+    """Whether the numba kernels are in use (importable, not disabled, not switched off)."""
+    return _enabled
+
+
+def set_enabled(on: bool) -> bool:
+    """Switch the kernels on or off at run time (tests run both paths); returns the previous
+    setting. Switching on without numba is an error."""
+    global _enabled
+    if on and not AVAILABLE:
+        raise RuntimeError("numba is not available (not installed, or EVO_REPLAY_NUMBA=0)")
+    prev, _enabled = _enabled, bool(on)
+    return prev
+
+
+if AVAILABLE:  # pragma: no branch
+    _njit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+    _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+    _FIB = np.uint64(0x9E3779B97F4A7C15)
+    _P2 = np.uint64(0xBF58476D1CE4E5B9)
+    _F1 = np.uint64(0xFF51AFD7ED558CCD)
+    _F2 = np.uint64(0xC4CEB9FE1A85EC53)
+    _U29, _U32, _U33 = np.uint64(29), np.uint64(32), np.uint64(33)
+    _W = 8
+
+    @_njit
+    def hash_words(m, add, mul, seed):
+        """hashing.hash_packed for rows of at most _MAX_WORDS words, fused into one pass."""
+        n, w = m.shape
+        out = np.empty(n, dtype=np.uint64)
+        for i in range(n):
+            h = np.uint64(0)
+            for j in range(w):
+                x = (m[i, j] + add[j]) * mul[j]
+                x ^= x >> _U32
+                x *= _P2
+                x ^= x >> _U29
+                h += x
+            h ^= seed
+            h ^= h >> _U33
+            h *= _F1
+            h ^= h >> _U33
+            h *= _F2
+            h ^= h >> _U33
+            out[i] = h
+        return out
+
+    @_njit
+    def _probe(fkeys, fslot, overflow, bmask, shift, mul, k):
+        if k == _EMPTY:
+            return -1
+        b = np.int64((k * mul) >> shift)
+        while True:
+            base = b * _W
+            for j in range(_W):
+                if fkeys[base + j] == k:
+                    return np.int64(fslot[base + j])
+            if not overflow[b]:
+                return -1
+            b = (b + 1) & bmask
+
+    @_njit
+    def lookup(keys, fkeys, fslot, overflow, bmask, shift, mul):
+        """KeyIndex.lookup: slot per key or -1; probing stops at the first never-overflowed bucket."""
+        n = keys.shape[0]
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            out[i] = _probe(fkeys, fslot, overflow, bmask, shift, mul, keys[i])
+        return out
+
+    @_njit
+    def place(keys, slots, fkeys, fslot, overflow, bmask, shift, mul, slot_pos):
+        """KeyIndex._place: put each (absent, distinct) key in the first free entry from its home
+        bucket on, marking full buckets as overflowed; returns how many buckets newly overflowed."""
+        newly = 0
+        for i in range(keys.shape[0]):
+            k = keys[i]
+            b = np.int64((k * mul) >> shift)
+            while True:
+                base = b * _W
+                e = -1
+                for j in range(_W):
+                    if fkeys[base + j] == _EMPTY:
+                        e = base + j
+                        break
+                if e >= 0:
+                    fkeys[e] = k
+                    fslot[e] = slots[i]
+                    slot_pos[slots[i]] = e
+                    break
+                if not overflow[b]:
+                    overflow[b] = True
+                    newly += 1
+                b = (b + 1) & bmask
+        return newly
+
+    @_njit
+    def evict(slots, slot_pos, fkeys, fslot, refcount):
+        """KeyIndex.remove_slots for the live ones among ``slots``; returns the slots removed."""
+        out = np.empty(slots.shape[0], dtype=np.int64)
+        c = 0
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            p = slot_pos[s]
+            if p >= 0:
+                fkeys[p] = _EMPTY
+                fslot[p] = -1
+                slot_pos[s] = -1
+                refcount[s] = 0
+                out[c] = s
+                c += 1
+        return out[:c]
+
+    @_njit
+    def _same_stored(packed, i, cols, offs, widths, s):
+        for f in range(len(cols)):
+            col = cols[f]
+            off = offs[f]
+            for t in range(widths[f]):
+                if col[s, t] != packed[i, off + t]:
+                    return False
+        return True
+
+    @_njit
+    def _same_rows(packed, i, r):
+        for t in range(packed.shape[1]):
+            if packed[i, t] != packed[r, t]:
+                return False
+        return True
+
+    @_njit
+    def classify(h, packed, cols, offs, widths, fkeys, fslot, overflow, bmask, shift, mul):
+        """The dedup decision of ReplayStore.insert for each row i (same semantics as the numpy path):
+
+        * ``stored[i]``: slot of a stored row with key h[i] and identical key-field bytes, else -1;
+        * ``rep[i]``: -1 if the row is stored already or pending, else the first earlier batch row
+          with the same key and bytes (itself if none);
+        * ``pending[i]``: the key is taken by different content (stored or earlier in the batch) or
+          is the reserved empty marker - the collision slow path decides.
+        """
+        n = h.shape[0]
+        stored = np.full(n, -1, dtype=np.int64)
+        rep = np.full(n, -1, dtype=np.int64)
+        pending = np.zeros(n, dtype=np.bool_)
+        cap = 16
+        while cap < 2 * n:
+            cap *= 2
+        tkeys = np.empty(cap, dtype=np.uint64)
+        trow = np.full(cap, -1, dtype=np.int64)
+        tmask = cap - 1
+        bits = 0
+        while (1 << bits) < cap:
+            bits += 1
+        tshift = np.uint64(64 - bits)
+        for i in range(n):
+            k = h[i]
+            if k == _EMPTY:
+                pending[i] = True
+                continue
+            s = _probe(fkeys, fslot, overflow, bmask, shift, mul, k)
+            if s >= 0:
+                if _same_stored(packed, i, cols, offs, widths, s):
+                    stored[i] = s
+                else:
+                    pending[i] = True
+                continue
+            t = np.int64((k * _FIB) >> tshift)
+            while True:
+                r = trow[t]
+                if r < 0:
+                    tkeys[t] = k
+                    trow[t] = i
+                    rep[i] = i
+                    break
+                if tkeys[t] == k:
+                    if _same_rows(packed, i, r):
+                        rep[i] = r
+                    else:
+                        pending[i] = True
+                    break
+                t = (t + 1) & tmask
+        return stored, rep, pending
+
+    @_njit
+    def find(u, bcum, bstart, pref, leaves):
+        """SumTree.find: per target, the block by binary search over the block prefixes (side
+        'right'), then the first leaf whose in-block running sum passes the remainder; a remainder
+        at or past the block's end (rounding) takes the block's last live leaf."""
+        n = u.shape[0]
+        nb = bcum.shape[0]
+        bl = pref.shape[1]
+        out = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            x = u[i]
+            lo, hi = 0, nb
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if bcum[mid] <= x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            b = min(lo, nb - 1)
+            r = x - bstart[b]
+            if pref[b, bl - 1] <= r:
+                j = bl - 1
+                while j > 0 and not leaves[b * bl + j] > 0:
+                    j -= 1
+            else:
+                lo, hi = 0, bl - 1
+                while lo < hi:  # first j with pref[b, j] > r (prefixes are non-decreasing)
+                    mid = (lo + hi) >> 1
+                    if pref[b, mid] > r:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                j = lo
+            out[i] = b * bl + j
+        return out
+
+
+def warmup() -> float:
+    """Compile (or load from the on-disk cache) every kernel; seconds taken, 0.0 without numba."""
+    if not AVAILABLE:
+        return 0.0
+    t = time.perf_counter()
+    m = np.zeros((2, 3), dtype=np.uint64)
+    hash_words(m, m[0], m[0] | np.uint64(1), np.uint64(1))
+    nb = 4
+    fkeys = np.full(nb * 8, 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
+    fslot = np.full(nb * 8, -1, dtype=np.int32)
+    ov = np.zeros(nb, dtype=bool)
+    shift = np.uint64(62)
+    slot_pos = np.full(4, -1, dtype=np.int64)
+    keys = np.array([1, 2], dtype=np.uint64)
+    place(keys, np.array([0, 1], dtype=np.int64), fkeys, fslot, ov, nb - 1, shift, _FIB, slot_pos)
+    lookup(keys, fkeys, fslot, ov, nb - 1, shift, _FIB)
+    packed = np.zeros((2, 8), dtype=np.uint8)
+    cols = (np.zeros((4, 8), dtype=np.uint8),)
+    classify(keys, packed, cols, np.zeros(1, np.int64), np.full(1, 8, np.int64), fkeys, fslot, ov, nb - 1, shift,
+             _FIB)
+    evict(np.array([0], dtype=np.int64), slot_pos, fkeys, fslot, np.zeros(4, np.int64))
+    pref = np.ones((2, 64), dtype=np.float64).cumsum(axis=1)
+    find(np.array([0.5, 70.0]), np.array([64.0, 128.0]), np.array([0.0, 64.0]), pref, np.ones(128))
+    return time.perf_counter() - t
