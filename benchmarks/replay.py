@@ -18,6 +18,8 @@ Fields (rates are per wall-clock second):
   torchrl                   {insert_per_s, sample_batches_per_s, hash_rows_per_s (QueryModule:
                             SipHash + HashToInt), siphash_rows_per_s (bare SipHash)} or null
   ratios                    ours / torchrl for each, with the issue's targets
+  numba, numba_warmup_s     whether the optional numba kernels ran (EVO_REPLAY_NUMBA=0 forces numpy)
+                            and the seconds spent compiling / loading them before timing started
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from evo.replay import Field, ReplayStore, Schema, hash_rows  # noqa: E402
+from evo.replay import _kernels  # noqa: E402
 
 CHUNK = 1000
 BATCH = 256
@@ -100,11 +103,22 @@ def main(argv: list[str] | None = None) -> dict:
     n_chunks = 300 if quick else 1500  # rows offered per insert round
     sample_iters = 2000 if quick else 5000
     per_cap = 1_000_000
+    # numba kernels (optional): compile (or load from numba's on-disk cache) before any timing
+    t0 = time.perf_counter()
+    if _kernels.enabled():  # the generic kernels, then this schema's specialisations (insert, sample)
+        _kernels.warmup()
+        w = ReplayStore(SCHEMA, capacity=4 * CHUNK, sampler="prioritized", seed=0)
+        for c in make_chunks(3, 0.5, seed=9):
+            w.insert(c)
+        w.sample(BATCH)
+        del w
+    jit_s = time.perf_counter() - t0
     chunks = make_chunks(n_chunks, args.dup_fraction)
     trl = torchrl_side()
     res: dict = {"quick": quick, "python": platform.python_version(), "numpy": np.__version__,
                  "cpus": os.cpu_count(), "chunk": CHUNK, "batch": BATCH, "dup_fraction": args.dup_fraction,
-                 "insert_capacity": ins_cap, "per_capacity": per_cap}
+                 "insert_capacity": ins_cap, "per_capacity": per_cap,
+                 "numba": _kernels.enabled(), "numba_warmup_s": jit_s}
 
     # ---- insert (hash + dedup + FIFO eviction), alternating with TorchRL's plain extend
     if trl:

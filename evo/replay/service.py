@@ -88,6 +88,19 @@ class _ReplayActor:
         with self._cond:
             return self._snapshot_locked(dir or self._snapshot_dir, keep)
 
+    def load_snapshot(self, dir: str) -> str:
+        """Replace the store in place with the newest complete snapshot under ``dir`` (a path in
+        this actor's process). With a ``snapshot_dir`` of its own the actor snapshots right away,
+        so that a restart comes back to the loaded state, not the one before it."""
+        with self._cond:
+            path = self._store.load_snapshot(dir)
+            self.restored_from = path
+            self._rows_at_snapshot = self._store.counters["rows_inserted"]
+            if self._snapshot_dir is not None and os.path.realpath(self._snapshot_dir) != os.path.realpath(dir):
+                self._snapshot_locked(self._snapshot_dir)
+            self._cond.notify_all()  # the limiter state changed: waiting calls re-check
+            return path
+
     def _snapshot_locked(self, dir: str | None, keep: int = 2) -> str:
         if dir is None:
             raise ReplayError("snapshot needs a directory (none given and the service has no snapshot_dir)")
@@ -206,6 +219,14 @@ class ReplayService:
     def snapshot(self, dir: str | os.PathLike | None = None, keep: int = 2) -> str:
         """Snapshot in the actor's process (``dir`` must be reachable there); default: snapshot_dir."""
         return self._get(self._actor.snapshot.remote(os.fspath(dir) if dir is not None else None, keep))
+
+    def load_snapshot(self, dir: str | os.PathLike) -> str:
+        """Replace the service's store in place with the newest complete snapshot under ``dir``
+        (which must be reachable from the actor's process); returns that snapshot's path."""
+        path = self._get(self._actor.load_snapshot.remote(os.fspath(dir)))
+        info = self.info()
+        self.capacity, self.schema = info["capacity"], Schema.from_json(info["schema"])
+        return path
 
     def info(self) -> dict:
         return self._get(self._actor.info.remote())

@@ -474,7 +474,31 @@ class ReplayStore:
         ``storage``/``path`` override where the restored columns live (default: as snapshotted; an
         mmap store gets fresh files under its old path root, never touching the original's files).
         """
-        _, meta, arrays = snap.read_snapshot(dir)
+        return cls._from_snapshot(dir, storage, path, hash_fn)[0]
+
+    def load_snapshot(self, dir: str | os.PathLike) -> str:
+        """Replace this store's entire contents and state (data, index, refcounts, priorities,
+        trajectory links, sampler RNG, rate limiter, counters, capacity and schema) in place with
+        the newest complete snapshot under ``dir``; return that snapshot's path.
+
+        The new state is built completely before anything is swapped, so a failure (no complete
+        snapshot, wrong format, missing custom hash_fn) leaves this store untouched. The store keeps
+        its own storage kind and column directory root (an mmap store gets fresh column files
+        there). Its custom ``hash_fn`` is kept if the snapshot was taken with one (and required
+        then); a snapshot keyed by the built-in hash keeps using the built-in hash."""
+        fresh, path = type(self)._from_snapshot(dir, self._storage_kind, self._storage.root, self._hash_fn,
+                                                custom_only=True)
+        old = self._storage
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
+        old.close()
+        return path
+
+    @classmethod
+    def _from_snapshot(cls, dir, storage, path, hash_fn, custom_only=False) -> tuple["ReplayStore", str]:
+        snap_path, meta, arrays = snap.read_snapshot(dir)
+        if custom_only and not meta.get("custom_hash"):
+            hash_fn = None
         if meta.get("format") != FORMAT_VERSION:
             raise ReplayError(f"snapshot format {meta.get('format')} is not supported (expected {FORMAT_VERSION})")
         if meta["custom_hash"] and hash_fn is None:
@@ -513,7 +537,7 @@ class ReplayStore:
             store._succ[:w], store._pred[:w] = arrays["succ"], arrays["pred"]
             tv = arrays["tails.slot_key"]
             store._tails = {int(e): (int(v[0]), int(v[1])) for e, v in zip(arrays["tails.episode"], tv)}
-        return store
+        return store, snap_path
 
     def close(self) -> None:
         """Flush mmap columns to disk and release them; the store is unusable afterwards."""

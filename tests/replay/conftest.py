@@ -8,8 +8,9 @@ import pytest
 from evo.replay import _kernels
 
 PATHS = ["numba", "numpy"] if _kernels.AVAILABLE else ["numpy"]
-# These spawn processes (Ray actors, kill -9 subprocesses) that use their own process default.
-_OWN_PROCESS = {"test_service.py", "test_snapshot.py"}
+# These spawn processes (Ray actors, kill -9 subprocesses) that use their own process default, or
+# (test_kernels.py) switch paths themselves.
+_OWN_PROCESS = {"test_service.py", "test_snapshot.py", "test_kernels.py"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -22,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the Ray backend of the contract suite runs in the actor's process: one run of it is enough
     def dup(it: pytest.Item) -> bool:
         p = getattr(it, "callspec", None)
-        return p is not None and p.params.get("make") == "ray" and p.params.get("kernel_path") == "numpy"
+        return len(PATHS) > 1 and p is not None and p.params.get("make") == "ray" and p.params.get("kernel_path") == "numpy"
 
     keep = [it for it in items if not dup(it)]
     if len(keep) != len(items):

@@ -252,3 +252,45 @@ def test_snapshot_restore_exact(make, tmp_path):
     np.testing.assert_array_equal(s.sample(64).keys, r.sample(64).keys)
     np.testing.assert_array_equal(s.contains(all_keys), r.contains(all_keys))
     assert path.endswith("snapshot-000001")
+
+
+def test_load_snapshot_replaces_state_in_place(make, tmp_path):
+    s = make(SEQ_SCHEMA, capacity=50, sampler="prioritized", episode_field="episode", seed=4)
+    for ep in range(7):
+        s.insert(trajectory(ep, 0, 9))  # wraps and evicts
+    keys = s.sample(16).keys
+    s.update_priorities(keys, np.linspace(0.1, 5.0, 16))
+    path = s.snapshot(tmp_path / "snaps")
+    ref = ReplayStore.restore(tmp_path / "snaps")  # what the store must look like after loading
+    # diverge: new rows (evicting old ones), samples (RNG and limiter state), priorities
+    later = s.insert(trajectory(20, 0, 12))
+    s.sample(40)
+    s.update_priorities(keys, np.full(16, 9.0))
+    assert s.load_snapshot(tmp_path / "snaps") == path
+    assert len(s) == len(ref) and s.stats() == ref.stats() and s.capacity == 50
+    assert not s.contains(later).any()
+    live = ref.sample(200).keys
+    np.testing.assert_array_equal(s.sample(200).keys, live)
+    a, b = s.sample(32), ref.sample(32)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.weights, b.weights)
+    sa, sb = s.sample_sequences(8, 5), ref.sample_sequences(8, 5)
+    assert_batches_equal(sa.data, sb.data)
+    np.testing.assert_array_equal(sa.mask, sb.mask)
+    np.testing.assert_array_equal(s.refcounts(live), ref.refcounts(live))
+    assert_batches_equal(s.get(live), ref.get(live))
+    np.testing.assert_array_equal(s.insert(trajectory(9, 0, 3)), ref.insert(trajectory(9, 0, 3)))
+    np.testing.assert_array_equal(s.sample(64).keys, ref.sample(64).keys)
+    # a store of another capacity and schema takes on the snapshot's whole state
+    t = make(SCHEMA, capacity=10, seed=1)
+    t.insert(rows(10))
+    assert t.load_snapshot(tmp_path / "snaps") == path
+    assert t.capacity == 50 and set(t.schema.fields) == set(SEQ_SCHEMA.fields)
+    fresh = ReplayStore.restore(tmp_path / "snaps")
+    np.testing.assert_array_equal(t.sample(64).keys, fresh.sample(64).keys)
+    # no complete snapshot: an error, and the store is left as it was
+    n = len(t)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReplayError, match="no complete snapshot"):
+        t.load_snapshot(tmp_path / "empty")
+    assert len(t) == n and t.contains(fresh.sample(8).keys).all()
