@@ -1,0 +1,61 @@
+"""Run store pieces not covered through the CLI: replay snapshots per generation, pruning, listing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evo.replay import Field, ReplayStore, Schema
+from evo.runstore import RunStore
+
+
+def _replay(seed: int = 0) -> ReplayStore:
+    schema = Schema({"obs": Field("float32", (3,)), "episode": Field("int64"), "step": Field("int64")})
+    return ReplayStore(schema, capacity=64, sampler="prioritized", seed=seed, episode_field="episode")
+
+
+def _rows(n: int, episode: int) -> dict[str, np.ndarray]:
+    return {"obs": np.arange(3 * n, dtype=np.float32).reshape(n, 3) + episode,
+            "episode": np.full(n, episode), "step": np.arange(n)}
+
+
+def test_replay_snapshot_of_a_generation_is_what_resume_loads(tmp_path) -> None:
+    store = RunStore.create(tmp_path, "r", "name='r'", {})
+    replay = _replay()
+    keys0 = replay.insert(_rows(5, 1))
+    store.snapshot_replay(replay, 0)
+    replay.insert(_rows(7, 2))  # generation 1's data, never committed
+    fresh = _replay(seed=1)
+    assert store.restore_replay(fresh, 0)
+    assert len(fresh) == 5 and fresh.contains(keys0).all()
+    np.testing.assert_array_equal(fresh.get(keys0)["obs"], _rows(5, 1)["obs"])
+    # the restored store samples exactly as the snapshotted one would have
+    again = _replay(seed=1)
+    store.restore_replay(again, 0)
+    np.testing.assert_array_equal(fresh.sample(4).keys, again.sample(4).keys)
+    assert not store.restore_replay(fresh, 3)  # no snapshot for that generation
+    assert store.restore_replay(object(), 0) is False  # stores without load_snapshot are skipped
+
+
+def test_stores_without_snapshot_are_skipped(tmp_path) -> None:
+    store = RunStore.create(tmp_path, "r", "name='r'", {})
+    store.snapshot_replay(None, 0)
+    assert not (store.path / "replay").exists()
+
+
+def test_old_replay_snapshots_are_pruned(tmp_path) -> None:
+    store = RunStore.create(tmp_path, "r", "name='r'", {})
+    replay = _replay()
+    for g in range(3):
+        replay.insert(_rows(2, g))
+        store.snapshot_replay(replay, g)
+    store._prune_replay(2)
+    assert sorted(p.name for p in (store.path / "replay").iterdir()) == ["g0002"]
+
+
+def test_list_runs_skips_half_created_directories(tmp_path) -> None:
+    RunStore.create(tmp_path, "a", "name='a'", {"population": {"generations": 3}, "agent": {"kind": "x"}})
+    (tmp_path / ".b.creating").mkdir()
+    (tmp_path / "notarun").mkdir()
+    runs = RunStore.list_runs(tmp_path)
+    assert [r["name"] for r in runs] == ["a"]
+    assert runs[0]["generations_done"] == 0 and runs[0]["generations"] == 3 and runs[0]["status"] == "created"
