@@ -47,7 +47,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         last = ev.fitness
         point = {"env_steps": agent.env_steps, "updates": agent.updates, "wall_s": round(wall, 1),
-                 "eval_return": ev.fitness, "train_episode_return": round(metrics["train_episode_return"], 1),
+                 "eval_return": ev.fitness, "train_episode_return": round(metrics.get("train_episode_return", float("nan")), 1),
                  "loss_value": round(metrics.get("loss_value", float("nan")), 4),
                  "loss_policy": round(metrics.get("loss_policy", float("nan")), 4)}
         curve.append(point)

@@ -328,8 +328,9 @@ class EfficientZeroAgent(TorchAgent):
         self.model.eval()
         out = {k: float(np.mean(v)) for k, v in metrics_acc.items()}
         out.update({"env_steps": float(self.env_steps), "updates": float(self.updates),
-                    "train_episode_return": float(np.mean(finished)) if finished else float("nan"),
-                    "train_seconds": time.perf_counter() - t0})
+                    "train_episodes": float(len(finished)), "train_seconds": time.perf_counter() - t0})
+        if finished:  # none finish when every episode outlives steps / num_envs
+            out["train_episode_return"] = float(np.mean(finished))
         return out
 
     def _replay_ready(self) -> bool:
