@@ -194,8 +194,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     task = parse_experiment(exp, f"{store.path}/experiment").task()
     agent = cls.from_state(state, AgentContext(task=task))
-    out = agent.export(args.out, info={"run": store.name, "generation": row["generation"], "member": row["index"],
-                                       "fitness": row["score"], "evaluations": row["history"]})
+    try:
+        out = agent.export(args.out, info={"run": store.name, "generation": row["generation"], "member": row["index"],
+                                           "fitness": row["score"], "evaluations": row["history"]})
+    except ValueError as exc:  # the agent cannot write part of its export (e.g. no HF equivalent)
+        print(f"evo: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"exported member {row['index']} (generation {row['generation']}, fitness {row['score']:.4g}) to {out}")
     return 0
 

@@ -99,7 +99,7 @@ def make_scheduler(exp: Experiment, backend: str, address: str | None = None) ->
     if not distributed:
         from evo.scheduler.inline import InlineScheduler
 
-        return InlineScheduler(context)
+        return InlineScheduler(context, threads=max(1, int(exp.resources.cpus_per_member)))
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 1)

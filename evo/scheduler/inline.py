@@ -9,8 +9,14 @@ __all__ = ["InlineScheduler"]
 
 
 class InlineScheduler:
-    def __init__(self, context: AgentContext) -> None:
+    def __init__(self, context: AgentContext, threads: int | None = 1) -> None:
         self.context = context
+        if threads:
+            import torch
+
+            # like the Ray workers: on small machines 2+ intra-op threads stall tight training loops
+            # (ILQL measured ~10x slower with 2 threads on 2 cores)
+            torch.set_num_threads(threads)
 
     def run_generation(self, agents: list[Agent], steps: int,
                        progress: ProgressCallback | None = None) -> list[MemberResult]:
