@@ -174,9 +174,20 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if not rows and args.format == "table":
         print(f"run {store.name}: no completed generation yet (status {store.status})")
         return 0
-    title = f"{store.name} — generation {store.last_completed_generation()} ({store.status})"
-    sys.stdout.write(render(rows, args.format, title))
+    title = f"{store.name} — after {store.last_completed_generation() + 1} generations ({store.status})"
+    sys.stdout.write(render(rows, args.format, title, _mutable_hparams(store)))
     return 0
+
+
+def _mutable_hparams(store: Any) -> set[str] | None:
+    """The hyperparameters evolution can change (the table hides fixed ones); None if unknown."""
+    from evo.spec import SpecError, parse_experiment
+
+    try:
+        exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
+    except (SpecError, ValueError):
+        return None
+    return {name for name, hp in exp.hparam_space().items() if hp.mutable}
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -65,7 +65,8 @@ def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, 
     return rows[:top] if top else rows
 
 
-def render(rows: list[dict[str, Any]], fmt: str, title: str = "") -> str:
+def render(rows: list[dict[str, Any]], fmt: str, title: str = "", shown_hparams: set[str] | None = None) -> str:
+    """`shown_hparams` limits the table's hyperparameter column (CSV and JSON always carry all)."""
     if fmt == "json":
         return json.dumps(rows, indent=2, default=str)
     if fmt == "csv":
@@ -83,7 +84,7 @@ def render(rows: list[dict[str, Any]], fmt: str, title: str = "") -> str:
     for col in ("rank", "member", "fitness", "age", "parent", "last mutation", "hyperparameters", "architecture"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        hp = ", ".join(f"{k}={_fmt(v)}" for k, v in r["hparams"].items())
+        hp = ", ".join(f"{k}={_fmt(v)}" for k, v in r["hparams"].items() if shown_hparams is None or k in shown_hparams)
         table.add_row(str(r["rank"]), str(r["member"]), f"{r['fitness']:.4g} ± {r['fitness_std']:.2g}", str(r["age"]),
                       "-" if r["parent"] is None else str(r["parent"]), r["last_mutation"], hp, r["arch"])
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
