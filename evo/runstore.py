@@ -15,7 +15,6 @@ lineage, export, resume — reads from here.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import sqlite3
 import time
@@ -365,6 +364,3 @@ def _evaluation_row(r: sqlite3.Row) -> dict[str, Any]:
         "digest": r["digest"], "wall_s": r["wall_s"],
     }
 
-
-def finite(x: float) -> bool:
-    return x is not None and math.isfinite(x)
