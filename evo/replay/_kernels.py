@@ -60,6 +60,8 @@ if AVAILABLE:  # pragma: no branch
     _F1 = np.uint64(0xFF51AFD7ED558CCD)
     _F2 = np.uint64(0xC4CEB9FE1A85EC53)
     _U29, _U32, _U33 = np.uint64(29), np.uint64(32), np.uint64(33)
+    _U1, _U2, _U3, _U4, _U5, _U6, _U7 = (np.uint64(i) for i in range(1, 8))
+    _U8, _U16, _U24, _U40, _U48, _U56 = (np.uint64(i) for i in (8, 16, 24, 40, 48, 56))
     _W = 8
 
     @_njit
@@ -219,6 +221,185 @@ if AVAILABLE:  # pragma: no branch
                     break
                 t = (t + 1) & tmask
         return stored, rep, pending
+
+    @_njit
+    def pack_classify(srcs, offs, widths, words, add, mul, seed, kb, cols, coffs, cwidths,
+                      fkeys, fslot, overflow, bmask, shift, fib):
+        """Pack, hash and classify a batch in one pass (ReplayStore.insert's fused path).
+
+        ``srcs[f]`` is the batch's hashed field f as uint8 [n, widths[f]], packed at byte offset
+        ``offs[f]`` of a zero-padded row of ``words`` uint64 words (exactly ``hashing.pack_rows``);
+        the key is ``hash_words`` of that row. A hash hit is confirmed against ``kb`` (the stored
+        rows' packed key bytes, one contiguous row per slot) when it has rows, else against the
+        stored columns ``cols`` (as in :func:`classify`). Returns (packed u64 [n, words], keys,
+        stored, rep, pending, number of new rows) with :func:`classify`'s semantics."""
+        n = srcs[0].shape[0]
+        packed = np.zeros((n, words), dtype=np.uint64)
+        pb = packed.view(np.uint8)
+        h = np.empty(n, dtype=np.uint64)
+        for f in range(len(srcs)):  # OR each field's bytes into the words, 8 at a time
+            src = srcs[f].reshape(-1)
+            off = offs[f]
+            w = widths[f]
+            for i in range(n):
+                for c in range(0, w, 8):
+                    k = min(8, w - c)
+                    b = np.uint64(i * w + c)  # unsigned index: no wraparound check, loads combine
+                    if k == 8:
+                        v = (np.uint64(src[b]) | (np.uint64(src[b + _U1]) << _U8)
+                             | (np.uint64(src[b + _U2]) << _U16) | (np.uint64(src[b + _U3]) << _U24)
+                             | (np.uint64(src[b + _U4]) << _U32) | (np.uint64(src[b + _U5]) << _U40)
+                             | (np.uint64(src[b + _U6]) << _U48) | (np.uint64(src[b + _U7]) << _U56))
+                    else:
+                        v = np.uint64(0)
+                        for t in range(k):
+                            v |= np.uint64(src[b + np.uint64(t)]) << np.uint64(8 * t)
+                    o = off + c
+                    q = o >> 3
+                    sh = np.uint64(8 * (o & 7))
+                    packed[i, q] |= v << sh
+                    if sh != 0 and (o & 7) + k > 8:
+                        packed[i, q + 1] |= v >> (np.uint64(64) - sh)
+        for i in range(n):
+            acc = np.uint64(0)
+            for j in range(words):
+                x = (packed[i, j] + add[j]) * mul[j]
+                x ^= x >> _U32
+                x *= _P2
+                x ^= x >> _U29
+                acc += x
+            acc ^= seed
+            acc ^= acc >> _U33
+            acc *= _F1
+            acc ^= acc >> _U33
+            acc *= _F2
+            acc ^= acc >> _U33
+            h[i] = acc
+        # probe every key first (independent loads overlap), then confirm hits
+        slot = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            slot[i] = _probe(fkeys, fslot, overflow, bmask, shift, fib, h[i])
+        stored = np.full(n, -1, dtype=np.int64)
+        rep = np.full(n, -1, dtype=np.int64)
+        pending = np.zeros(n, dtype=np.bool_)
+        use_kb = kb.shape[0] > 0
+        cap = 16
+        while cap < 2 * n:
+            cap *= 2
+        tkeys = np.empty(cap, dtype=np.uint64)
+        trow = np.full(cap, -1, dtype=np.int64)
+        tmask = cap - 1
+        bits = 0
+        while (1 << bits) < cap:
+            bits += 1
+        tshift = np.uint64(64 - bits)
+        n_new = 0
+        for i in range(n):
+            k = h[i]
+            if k == _EMPTY:
+                pending[i] = True
+                continue
+            s = slot[i]
+            if s >= 0:
+                if use_kb:
+                    same = True
+                    for j in range(words):
+                        if kb[s, j] != packed[i, j]:
+                            same = False
+                            break
+                else:
+                    same = _same_stored(pb, i, cols, coffs, cwidths, s)
+                if same:
+                    stored[i] = s
+                else:
+                    pending[i] = True
+                continue
+            t = np.int64((k * _FIB) >> tshift)
+            while True:
+                r = trow[t]
+                if r < 0:
+                    tkeys[t] = k
+                    trow[t] = i
+                    rep[i] = i
+                    n_new += 1
+                    break
+                if tkeys[t] == k:
+                    same = True
+                    for j in range(words):
+                        if packed[i, j] != packed[r, j]:
+                            same = False
+                            break
+                    if same:
+                        rep[i] = r
+                    else:
+                        pending[i] = True
+                    break
+                t = (t + 1) & tmask
+        return packed, h, stored, rep, pending, n_new
+
+    @_njit
+    def write_rows(dst, src, rows, start, kb, packed):
+        """Copy batch rows ``rows`` (all rows if empty) field by field (uint8 views) to ring slots
+        start, start+1, ... (wrapping), and their packed key bytes into ``kb`` when it has rows;
+        returns the slots written."""
+        cap = dst[0].shape[0]
+        m = rows.shape[0] if rows.shape[0] > 0 else src[0].shape[0]
+        all_rows = rows.shape[0] == 0
+        slots = np.empty(m, dtype=np.int64)
+        for j in range(m):
+            slots[j] = (start + j) % cap
+        for f in range(len(dst)):
+            d = dst[f]
+            s = src[f]
+            w = d.shape[1]
+            for j in range(m):
+                r = j if all_rows else rows[j]
+                sl = slots[j]
+                for t in range(w):
+                    d[sl, t] = s[r, t]
+        if kb.shape[0] > 0:
+            words = kb.shape[1]
+            for j in range(m):
+                r = j if all_rows else rows[j]
+                sl = slots[j]
+                for t in range(words):
+                    kb[sl, t] = packed[r, t]
+        return slots
+
+    @_njit
+    def commit(stored, rep, new_rows, start, dst, src, kb, packed, keys, slot_key, slot_pos, refcount,
+               fkeys, fslot, overflow, bmask, shift, mul):
+        """The commit of ReplayStore.insert's fused path, in the numpy path's order: bump stored
+        duplicates, evict the ring slots about to be overwritten, write the new rows (``new_rows``;
+        every row when empty) and their key bytes, index them (refcount 1), bump in-batch duplicates.
+        Returns (slots written, slots evicted, buckets newly overflowed)."""
+        n = rep.shape[0]
+        cap = slot_pos.shape[0]
+        for i in range(n):
+            if stored[i] >= 0:
+                refcount[stored[i]] += 1
+        m = new_rows.shape[0] if new_rows.shape[0] > 0 else n
+        ring = np.empty(m, dtype=np.int64)
+        for j in range(m):
+            ring[j] = (start + j) % cap
+        evicted = evict(ring, slot_pos, fkeys, fslot, refcount)
+        slots = write_rows(dst, src, new_rows, start, kb, packed)
+        nk = np.empty(m, dtype=np.uint64)
+        for j in range(m):
+            nk[j] = keys[new_rows[j]] if new_rows.shape[0] > 0 else keys[j]
+        newly = place(nk, slots, fkeys, fslot, overflow, bmask, shift, mul, slot_pos)
+        for j in range(m):
+            slot_key[slots[j]] = nk[j]
+            refcount[slots[j]] = 1
+        if m < n:
+            slot_of = np.full(n, -1, dtype=np.int64)
+            for j in range(m):
+                slot_of[new_rows[j]] = slots[j]
+            for i in range(n):
+                r = rep[i]
+                if r >= 0 and r != i:
+                    refcount[slot_of[r]] += 1
+        return slots, evicted, newly
 
     @_njit
     def find(u, bcum, bstart, pref, leaves):

@@ -22,7 +22,7 @@ import numpy as np
 from evo.replay import _kernels
 from evo.replay import snapshot as snap
 from evo.replay.errors import ReplayError
-from evo.replay.hashing import HashFn, _layout, hash_packed, pack_rows, remix
+from evo.replay.hashing import _ADD, _MAX_WORDS, _MUL, HashFn, _layout, hash_packed, pack_rows, remix
 from evo.replay.index import EMPTY_KEY, KeyIndex
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.samplers import follow, make_sampler
@@ -31,6 +31,8 @@ from evo.replay.storage import ColumnStorage, _bits
 
 FORMAT_VERSION = 1
 _RESERVED = int(EMPTY_KEY)
+_KB_MAX_WORDS = 32  # keep a packed key-bytes column (one contiguous row per slot) up to 256 B/row
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 @dataclass
@@ -114,6 +116,12 @@ class ReplayStore:
         self._written = 0  # slots ever written (<= capacity)
         self.counters = {"rows_inserted": 0, "rows_new": 0, "duplicates": 0, "collisions": 0, "evicted": 0,
                          "samples": 0}
+        # Packed key-field bytes of every stored row (exactly what was hashed), so a hash hit is
+        # confirmed with one contiguous compare instead of a read from every key column.
+        words = _layout(schema)[1]
+        has_bytes = bool(_layout(schema)[0])
+        self._kb = (np.zeros((self.capacity, words), dtype=np.uint64)
+                    if hash_fn is None and has_bytes and words <= _KB_MAX_WORDS else None)
         if episode_field is not None:
             self._succ = np.full(self.capacity, -1, dtype=np.int64)
             self._pred = np.full(self.capacity, -1, dtype=np.int64)
@@ -189,15 +197,50 @@ class ReplayStore:
             self._cmp_cache = cached
         return cached[1]
 
+    def _fused_layout(self):
+        """Cached arguments of the fused insert kernels (None where they do not apply: custom
+        hash_fn, no key bytes, or rows too wide for the one-pass hash)."""
+        cached = self.__dict__.get("_fused_cache")
+        if cached is None or cached[0] is not self._storage.columns:
+            parts, words, seed = _layout(self.schema)
+            lay = None
+            if self._hash_fn is None and parts and words <= _MAX_WORDS:
+                cmp = self._cmp_layout()
+                if self._kb is not None:  # compare against kb; the column tuple is a placeholder
+                    cmp = ((np.zeros((1, 1), dtype=np.uint8),), cmp[1][:1], np.zeros(1, dtype=np.int64))
+                names = tuple(k for k, f in self.schema.fields.items() if f.row_bytes)
+                dst = tuple(np.asarray(self._storage.columns[k]).reshape(self.capacity, -1).view(np.uint8)
+                            for k in names)
+                kb = self._kb if self._kb is not None else np.zeros((0, words), dtype=np.uint64)
+                lay = (tuple(k for k, _, _ in parts), np.array([o for _, o, _ in parts], dtype=np.int64),
+                       np.array([w for _, _, w in parts], dtype=np.int64), words, np.uint64(seed), kb, cmp,
+                       names, dst)
+            cached = (self._storage.columns, lay)
+            self._fused_cache = cached
+        return cached[1]
+
     def insert(self, batch: Mapping[str, Any]) -> np.ndarray:
         """Insert rows; return one uint64 key per row. All-or-nothing: a bad batch writes nothing."""
         arrays, n = self.schema.validate(batch)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
+        fused = self._fused_layout() if _kernels.enabled() else None
+        ar = np.arange(n)
+        if fused is not None:
+            hnames, offs, widths, words, seed, kb, (cols, coffs, cwidths), wnames, dst = fused
+            srcs = tuple(arrays[k].reshape(n, -1).view(np.uint8) for k in hnames)
+            idx = self._index
+            packed, h, stored, rep, pending, n_new = _kernels.pack_classify(
+                srcs, offs, widths, words, _ADD, _MUL, seed, kb, cols, coffs, cwidths,
+                idx._fkeys, idx._fslot, idx._overflow, idx._bmask, idx._shift, idx._mul)
+            keys = h.copy()
+            any_pending = bool(pending.any())
+            if any_pending:
+                self._resolve_collisions(arrays, h, keys, stored, rep, pending)
+            return self._commit(arrays, n, ar, keys, stored, rep, packed, fused)
         packed = pack_rows(self.schema, arrays)  # key-field bytes as uint64 words: hashed and compared
         h = self._hash(arrays, n, packed)
         keys = h.copy()
-        ar = np.arange(n)
         if _kernels.enabled() and self._cmp_layout() is not None:
             cols, offs, widths = self._cmp_layout()
             idx = self._index
@@ -208,6 +251,9 @@ class ReplayStore:
             stored, rep, pending, any_pending = self._classify(packed, h, n, ar)
         if any_pending:
             self._resolve_collisions(arrays, h, keys, stored, rep, pending)
+        return self._commit(arrays, n, ar, keys, stored, rep, packed, None)
+
+    def _commit(self, arrays, n, ar, keys, stored, rep, packed, fused) -> np.ndarray:
         newm = rep == ar
         new_rows = np.flatnonzero(newm)
         n_new = int(new_rows.size)
@@ -218,6 +264,28 @@ class ReplayStore:
         if self.rate_limiter is not None:
             self.rate_limiter.check_insert(n_new)
         # ---- commit (nothing below can fail on user input)
+        if fused is not None and self.episode_field is None and n_new:
+            idx = self._index
+            if idx._n_overflow * 8 > idx._overflow.size:
+                idx._rebuild()
+            src = tuple(arrays[k].reshape(n, -1).view(np.uint8) for k in fused[7])
+            write, gone, newly = _kernels.commit(
+                stored, rep, _NO_ROWS if n_new == n else new_rows, self._next, fused[8], src, fused[5], packed,
+                keys, idx.slot_key, idx.slot_pos, idx.refcount, idx._fkeys, idx._fslot, idx._overflow, idx._bmask,
+                idx._shift, idx._mul)
+            idx._n_overflow += newly
+            idx._live += n_new - gone.size
+            self.counters["evicted"] += int(gone.size)
+            self._next = (self._next + n_new) % self.capacity
+            self._written = min(self.capacity, self._written + n_new)
+            self._sampler.on_insert(write)
+            c = self.counters
+            c["rows_inserted"] += n
+            c["rows_new"] += n_new
+            c["duplicates"] += n - n_new
+            if self.rate_limiter is not None:
+                self.rate_limiter.inserts += n_new
+            return keys
         dup_stored = stored >= 0
         if dup_stored.any():
             self._index.bump(stored[dup_stored])
@@ -225,7 +293,15 @@ class ReplayStore:
         if n_new:
             write = (self._next + np.arange(n_new)) % self.capacity
             self._evict(write)
-            write = self._storage.write(self._next, n_new, arrays, None if n_new == n else new_rows)
+            if fused is not None:
+                dst, names = fused[8], fused[7]
+                src = tuple(arrays[k].reshape(n, -1).view(np.uint8) for k in names)
+                write = _kernels.write_rows(dst, src, _NO_ROWS if n_new == n else new_rows, self._next,
+                                            fused[5], packed)
+            else:
+                write = self._storage.write(self._next, n_new, arrays, None if n_new == n else new_rows)
+                if self._kb is not None:
+                    self._kb[write] = packed[new_rows]
             self._index.add(keys[new_rows], write)
             self._next = (self._next + n_new) % self.capacity
             self._written = min(self.capacity, self._written + n_new)
@@ -522,6 +598,8 @@ class ReplayStore:
         w = int(meta["written"])
         for name, col in store._storage.columns.items():
             col[:w] = arrays[f"col.{name}"]
+        if store._kb is not None and w:
+            store._kb[:w] = pack_rows(store.schema, {k: store._storage.columns[k][:w] for k in store.schema.hashed_fields})
         live = np.zeros(store.capacity, dtype=bool)
         live[:w] = arrays["live"]
         slot_key = np.zeros(store.capacity, dtype=np.uint64)
