@@ -402,38 +402,61 @@ if AVAILABLE:  # pragma: no branch
         return slots, evicted, newly
 
     @_njit
-    def find(u, bcum, bstart, pref, leaves):
+    def find(u, bcum, bstart, sub, pref, leaves):
         """SumTree.find: per target, the block by binary search over the block prefixes (side
-        'right'), then the first leaf whose in-block running sum passes the remainder; a remainder
-        at or past the block's end (rounding) takes the block's last live leaf."""
+        'right'), then the first leaf whose in-block running sum passes the remainder, found as a
+        count of prefixes <= remainder over the block's per-line sums (one cache line) and then
+        over the chosen line of leaf prefixes (one more); branch-free, so the loads of many targets
+        overlap. A remainder at or past the block's end (rounding) takes its last live leaf."""
         n = u.shape[0]
         nb = bcum.shape[0]
+        nl = sub.shape[1]
         bl = pref.shape[1]
+        ln = bl // nl
         out = np.empty(n, dtype=np.int64)
+        bs = np.empty(n, dtype=np.int64)
+        rs = np.empty(n, dtype=np.float64)
+        c = 0  # how many block prefixes are <= the previous target (searchsorted side 'right')
+        px = -np.inf
         for i in range(n):
             x = u[i]
-            lo, hi = 0, nb
-            while lo < hi:
+            if x >= px:  # targets usually ascend (stratified draws): gallop on from the last block
+                lo = c
+                hi = c
+                step = 1
+                while hi < nb and bcum[hi] <= x:
+                    lo = hi + 1
+                    hi = lo + step
+                    step <<= 1
+                hi = min(hi, nb)
+            else:
+                lo, hi = 0, nb
+            while lo < hi:  # prefixes before lo are <= x, the one at hi (if any) is > x
                 mid = (lo + hi) >> 1
                 if bcum[mid] <= x:
                     lo = mid + 1
                 else:
                     hi = mid
+            c = lo
+            px = x
             b = min(lo, nb - 1)
-            r = x - bstart[b]
-            if pref[b, bl - 1] <= r:
+            bs[i] = b
+            rs[i] = x - bstart[b]
+        for i in range(n):
+            b = bs[i]
+            r = rs[i]
+            g = 0
+            for t in range(nl):
+                g += sub[b, t] <= r
+            if g == nl:
                 j = bl - 1
                 while j > 0 and not leaves[b * bl + j] > 0:
                     j -= 1
             else:
-                lo, hi = 0, bl - 1
-                while lo < hi:  # first j with pref[b, j] > r (prefixes are non-decreasing)
-                    mid = (lo + hi) >> 1
-                    if pref[b, mid] > r:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                j = lo
+                j = g * ln
+                base = j
+                for t in range(ln):
+                    j += pref[b, base + t] <= r
             out[i] = b * bl + j
         return out
 
@@ -460,5 +483,6 @@ def warmup() -> float:
              _FIB)
     evict(np.array([0], dtype=np.int64), slot_pos, fkeys, fslot, np.zeros(4, np.int64))
     pref = np.ones((2, 64), dtype=np.float64).cumsum(axis=1)
-    find(np.array([0.5, 70.0]), np.array([64.0, 128.0]), np.array([0.0, 64.0]), pref, np.ones(128))
+    find(np.array([0.5, 70.0]), np.array([64.0, 128.0]), np.array([0.0, 64.0]), pref[:, 7::8].copy(), pref,
+         np.ones(128))
     return time.perf_counter() - t

@@ -21,6 +21,7 @@ from evo.replay import _kernels
 from evo.replay.errors import ReplayError
 
 BLOCK = 64  # leaves per block of the two-level sum tree
+LINE = 8  # leaves per 64-byte cache line of a block's prefixes
 
 
 class Sampler(Protocol):
@@ -79,6 +80,9 @@ class SumTree:
         self.nblocks = max(1, -(-capacity // BLOCK))
         self.leaves = np.zeros(self.nblocks * BLOCK, dtype=np.float64)
         self._pref = np.zeros((self.nblocks, BLOCK), dtype=np.float64)
+        # every LINE-th prefix of each block (its running sum at the end of each 8-leaf cache line),
+        # contiguous: a draw reads one line of these, then one line of _pref
+        self._sub = np.zeros((self.nblocks, BLOCK // LINE), dtype=np.float64)
         self._bsum = np.zeros(self.nblocks, dtype=np.float64)
         self._bmin = np.full(self.nblocks, np.inf, dtype=np.float64)
         self._bcum = np.zeros(self.nblocks, dtype=np.float64)
@@ -98,6 +102,7 @@ class SumTree:
         lv = self.leaves.reshape(-1, BLOCK)[blocks]
         pre = np.cumsum(lv, axis=1)
         self._pref[blocks] = pre
+        self._sub[blocks] = pre[:, LINE - 1 :: LINE]
         self._bsum[blocks] = pre[:, -1]
         self._bmin[blocks] = np.where(lv > 0, lv, np.inf).min(axis=1)
         np.cumsum(self._bsum, out=self._bcum)
@@ -122,12 +127,16 @@ class SumTree:
     def find(self, u: np.ndarray) -> np.ndarray:
         """Leaf index for each prefix-sum target ``u`` in [0, total)."""
         if _kernels.enabled():
-            return _kernels.find(u, self._bcum, self._bstart, self._pref, self.leaves)
+            return _kernels.find(u, self._bcum, self._bstart, self._sub, self._pref, self.leaves)
         b = np.searchsorted(self._bcum, u, side="right")  # u < total, so b < nblocks and bsum[b] > 0
         r = u - self._bstart[b]
-        rows = self._pref.take(b, axis=0)
-        j = np.argmax(rows > r[:, None], axis=1)  # first leaf whose running sum passes r
-        past = rows[:, -1] <= r  # rounding put r at the block's end: take its last live leaf
+        # first leaf whose running sum passes r: prefixes are non-decreasing, so that is the count of
+        # prefixes <= r - first over the block's per-line sums, then within the chosen line
+        g = (self._sub.take(b, axis=0) <= r[:, None]).sum(axis=1)
+        past = g == BLOCK // LINE  # rounding put r at the block's end: take its last live leaf
+        g = np.minimum(g, BLOCK // LINE - 1)
+        lines = self._pref.reshape(-1, LINE).take(b * (BLOCK // LINE) + g, axis=0)
+        j = g * LINE + (lines <= r[:, None]).sum(axis=1)
         if past.any():
             for i in np.flatnonzero(past):
                 j[i] = int(np.flatnonzero(self.leaves[b[i] * BLOCK : (b[i] + 1) * BLOCK] > 0)[-1])
