@@ -101,6 +101,16 @@ if AVAILABLE:  # pragma: no branch
             b = (b + 1) & bmask
 
     @_njit
+    def _touch_homes(keys, fkeys, fslot, shift, mul):
+        """Load each key's home bucket with no branches, so the cache misses overlap; returns a
+        value only so the loads are not optimised away."""
+        t = np.int64(0)
+        for i in range(keys.shape[0]):
+            base = np.int64((keys[i] * mul) >> shift) * _W
+            t ^= np.int64(fkeys[base] & np.uint64(1))
+        return t
+
+    @_njit
     def lookup(keys, fkeys, fslot, overflow, bmask, shift, mul):
         """KeyIndex.lookup: slot per key or -1; probing stops at the first never-overflowed bucket."""
         n = keys.shape[0]
@@ -232,34 +242,23 @@ if AVAILABLE:  # pragma: no branch
         the key is ``hash_words`` of that row. A hash hit is confirmed against ``kb`` (the stored
         rows' packed key bytes, one contiguous row per slot) when it has rows, else against the
         stored columns ``cols`` (as in :func:`classify`). Returns (packed u64 [n, words], keys,
-        stored, rep, pending, number of new rows) with :func:`classify`'s semantics."""
+        stored, rep, pending, the new rows (rep[i] == i), how many rows are pending) with
+        :func:`classify`'s semantics."""
         n = srcs[0].shape[0]
         packed = np.zeros((n, words), dtype=np.uint64)
         pb = packed.view(np.uint8)
         h = np.empty(n, dtype=np.uint64)
-        for f in range(len(srcs)):  # OR each field's bytes into the words, 8 at a time
+        flat = pb.reshape(-1)
+        rb = np.uint64(words * 8)
+        for f in range(len(srcs)):  # unsigned flat indices: no wraparound checks in the copy
             src = srcs[f].reshape(-1)
-            off = offs[f]
-            w = widths[f]
+            off = np.uint64(offs[f])
+            w = np.uint64(widths[f])
             for i in range(n):
-                for c in range(0, w, 8):
-                    k = min(8, w - c)
-                    b = np.uint64(i * w + c)  # unsigned index: no wraparound check, loads combine
-                    if k == 8:
-                        v = (np.uint64(src[b]) | (np.uint64(src[b + _U1]) << _U8)
-                             | (np.uint64(src[b + _U2]) << _U16) | (np.uint64(src[b + _U3]) << _U24)
-                             | (np.uint64(src[b + _U4]) << _U32) | (np.uint64(src[b + _U5]) << _U40)
-                             | (np.uint64(src[b + _U6]) << _U48) | (np.uint64(src[b + _U7]) << _U56))
-                    else:
-                        v = np.uint64(0)
-                        for t in range(k):
-                            v |= np.uint64(src[b + np.uint64(t)]) << np.uint64(8 * t)
-                    o = off + c
-                    q = o >> 3
-                    sh = np.uint64(8 * (o & 7))
-                    packed[i, q] |= v << sh
-                    if sh != 0 and (o & 7) + k > 8:
-                        packed[i, q + 1] |= v >> (np.uint64(64) - sh)
+                d = np.uint64(i) * rb + off
+                s0 = np.uint64(i) * w
+                for t in range(w):
+                    flat[d + np.uint64(t)] = src[s0 + np.uint64(t)]
         for i in range(n):
             acc = np.uint64(0)
             for j in range(words):
@@ -275,10 +274,19 @@ if AVAILABLE:  # pragma: no branch
             acc *= _F2
             acc ^= acc >> _U33
             h[i] = acc
-        # probe every key first (independent loads overlap), then confirm hits
-        slot = np.empty(n, dtype=np.int64)
+        # probe every key first, after touching every home bucket in a branch-free loop (so the
+        # cache misses overlap instead of queueing behind each probe's branches), then confirm hits
+        slot = np.empty(n + 1, dtype=np.int64)
+        slot[n] = _touch_homes(h, fkeys, fslot, shift, fib)
         for i in range(n):
             slot[i] = _probe(fkeys, fslot, overflow, bmask, shift, fib, h[i])
+        if kb.shape[0] > 0:
+            t = np.uint64(0)
+            for i in range(n):
+                s = slot[i]
+                if s >= 0:
+                    t ^= kb[s, 0]
+            slot[n] ^= np.int64(t & np.uint64(1))
         stored = np.full(n, -1, dtype=np.int64)
         rep = np.full(n, -1, dtype=np.int64)
         pending = np.zeros(n, dtype=np.bool_)
@@ -335,7 +343,15 @@ if AVAILABLE:  # pragma: no branch
                         pending[i] = True
                     break
                 t = (t + 1) & tmask
-        return packed, h, stored, rep, pending, n_new
+        new_rows = np.empty(n_new, dtype=np.int64)
+        c = 0
+        n_pending = 0
+        for i in range(n):
+            if rep[i] == i:
+                new_rows[c] = i
+                c += 1
+            n_pending += pending[i]
+        return packed, h, stored, rep, pending, new_rows, n_pending
 
     @_njit
     def write_rows(dst, src, rows, start, kb, packed):
@@ -379,14 +395,19 @@ if AVAILABLE:  # pragma: no branch
             if stored[i] >= 0:
                 refcount[stored[i]] += 1
         m = new_rows.shape[0] if new_rows.shape[0] > 0 else n
-        ring = np.empty(m, dtype=np.int64)
+        ring = np.empty(m + 1, dtype=np.int64)
         for j in range(m):
             ring[j] = (start + j) % cap
-        evicted = evict(ring, slot_pos, fkeys, fslot, refcount)
-        slots = write_rows(dst, src, new_rows, start, kb, packed)
         nk = np.empty(m, dtype=np.uint64)
         for j in range(m):
             nk[j] = keys[new_rows[j]] if new_rows.shape[0] > 0 else keys[j]
+        t = _touch_homes(nk, fkeys, fslot, shift, mul)  # overlap the misses of evict and place
+        for j in range(m):
+            p = slot_pos[ring[j]]
+            t ^= np.int64(fkeys[max(p, 0)] & np.uint64(1))
+        ring[m] = t  # keeps the touching loads
+        evicted = evict(ring[:m], slot_pos, fkeys, fslot, refcount)
+        slots = write_rows(dst, src, new_rows, start, kb, packed)
         newly = place(nk, slots, fkeys, fslot, overflow, bmask, shift, mul, slot_pos)
         for j in range(m):
             slot_key[slots[j]] = nk[j]

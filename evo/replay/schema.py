@@ -89,6 +89,23 @@ class Schema:
 
         Raises ReplayError naming the field, what was expected and what was found.
         """
+        fast = self.__dict__.get("_fast_check")
+        if fast is None:  # (name, dtype, row shape) per field, resolved once per schema
+            fast = tuple((k, f.np_dtype, f.shape) for k, f in self.fields.items())
+            object.__setattr__(self, "_fast_check", fast)
+        if type(batch) is dict and len(batch) == len(fast):
+            # the common case (exact dict of C-contiguous arrays of the right dtypes and shapes)
+            # without building error context; anything unusual takes the full check below
+            out, n = {}, -1
+            for name, dt, shape in fast:
+                a = batch.get(name)
+                if (type(a) is not np.ndarray or a.dtype != dt or a.shape[1:] != shape or a.ndim != 1 + len(shape)
+                        or not a.flags.c_contiguous or (n >= 0 and a.shape[0] != n)):
+                    break
+                n = a.shape[0]
+                out[name] = a
+            else:
+                return out, max(n, 0)
         if not isinstance(batch, Mapping):
             raise ReplayError(f"insert expects a dict of arrays, found {type(batch).__name__}")
         missing = sorted(set(self.fields) - set(batch))

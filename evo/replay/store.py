@@ -230,13 +230,13 @@ class ReplayStore:
             hnames, offs, widths, words, seed, kb, (cols, coffs, cwidths), wnames, dst = fused
             srcs = tuple(arrays[k].reshape(n, -1).view(np.uint8) for k in hnames)
             idx = self._index
-            packed, h, stored, rep, pending, n_new = _kernels.pack_classify(
+            packed, h, stored, rep, pending, new_rows, n_pending = _kernels.pack_classify(
                 srcs, offs, widths, words, _ADD, _MUL, seed, kb, cols, coffs, cwidths,
                 idx._fkeys, idx._fslot, idx._overflow, idx._bmask, idx._shift, idx._mul)
+            if not n_pending:
+                return self._commit(arrays, n, ar, h, stored, rep, packed, fused, new_rows)
             keys = h.copy()
-            any_pending = bool(pending.any())
-            if any_pending:
-                self._resolve_collisions(arrays, h, keys, stored, rep, pending)
+            self._resolve_collisions(arrays, h, keys, stored, rep, pending)
             return self._commit(arrays, n, ar, keys, stored, rep, packed, fused)
         packed = pack_rows(self.schema, arrays)  # key-field bytes as uint64 words: hashed and compared
         h = self._hash(arrays, n, packed)
@@ -253,9 +253,11 @@ class ReplayStore:
             self._resolve_collisions(arrays, h, keys, stored, rep, pending)
         return self._commit(arrays, n, ar, keys, stored, rep, packed, None)
 
-    def _commit(self, arrays, n, ar, keys, stored, rep, packed, fused) -> np.ndarray:
-        newm = rep == ar
-        new_rows = np.flatnonzero(newm)
+    def _commit(self, arrays, n, ar, keys, stored, rep, packed, fused, new_rows=None) -> np.ndarray:
+        newm = None
+        if new_rows is None:
+            newm = rep == ar
+            new_rows = np.flatnonzero(newm)
         n_new = int(new_rows.size)
         if n_new > self.capacity:
             raise ReplayError(
@@ -286,6 +288,8 @@ class ReplayStore:
             if self.rate_limiter is not None:
                 self.rate_limiter.inserts += n_new
             return keys
+        if newm is None:
+            newm = rep == ar
         dup_stored = stored >= 0
         if dup_stored.any():
             self._index.bump(stored[dup_stored])
