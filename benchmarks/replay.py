@@ -18,7 +18,7 @@ Fields (rates are per wall-clock second):
   torchrl                   {insert_per_s, sample_batches_per_s, hash_rows_per_s (QueryModule:
                             SipHash + HashToInt), siphash_rows_per_s (bare SipHash)} or null
   ratios                    ours / torchrl for each, with the issue's targets
-  numba, numba_warmup_s     whether the optional numba kernels ran (EVO_REPLAY_NUMBA=0 forces numpy)
+  numba, numba_warmup_s     whether the numba kernels ran (EVO_REPLAY_NUMBA=0 forces numpy)
                             and the seconds spent compiling / loading them before timing started
 """
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_chunks = 300 if quick else 1500  # rows offered per insert round
     sample_iters = 2000 if quick else 5000
     per_cap = 1_000_000
-    # numba kernels (optional): compile (or load from numba's on-disk cache) before any timing
+    # numba kernels: compile (or load from numba's on-disk cache) before any timing
     t0 = time.perf_counter()
     if _kernels.enabled():  # the generic kernels, then this schema's specialisations (insert, sample)
         _kernels.warmup()
