@@ -65,25 +65,30 @@ if AVAILABLE:  # pragma: no branch
     _W = 8
 
     @_njit
+    def _hash_row(m, i, w, add, mul, seed):
+        """The key of packed row i (its first w words): hashing.hash_packed's arithmetic, one row."""
+        h = np.uint64(0)
+        for j in range(w):
+            x = (m[i, j] + add[j]) * mul[j]
+            x ^= x >> _U32
+            x *= _P2
+            x ^= x >> _U29
+            h += x
+        h ^= seed
+        h ^= h >> _U33
+        h *= _F1
+        h ^= h >> _U33
+        h *= _F2
+        h ^= h >> _U33
+        return h
+
+    @_njit
     def hash_words(m, add, mul, seed):
         """hashing.hash_packed for rows of at most _MAX_WORDS words, fused into one pass."""
         n, w = m.shape
         out = np.empty(n, dtype=np.uint64)
         for i in range(n):
-            h = np.uint64(0)
-            for j in range(w):
-                x = (m[i, j] + add[j]) * mul[j]
-                x ^= x >> _U32
-                x *= _P2
-                x ^= x >> _U29
-                h += x
-            h ^= seed
-            h ^= h >> _U33
-            h *= _F1
-            h ^= h >> _U33
-            h *= _F2
-            h ^= h >> _U33
-            out[i] = h
+            out[i] = _hash_row(m, i, w, add, mul, seed)
         return out
 
     @_njit
@@ -260,20 +265,7 @@ if AVAILABLE:  # pragma: no branch
                 for t in range(w):
                     flat[d + np.uint64(t)] = src[s0 + np.uint64(t)]
         for i in range(n):
-            acc = np.uint64(0)
-            for j in range(words):
-                x = (packed[i, j] + add[j]) * mul[j]
-                x ^= x >> _U32
-                x *= _P2
-                x ^= x >> _U29
-                acc += x
-            acc ^= seed
-            acc ^= acc >> _U33
-            acc *= _F1
-            acc ^= acc >> _U33
-            acc *= _F2
-            acc ^= acc >> _U33
-            h[i] = acc
+            h[i] = _hash_row(packed, i, words, add, mul, seed)
         # probe every key first, after touching every home bucket in a branch-free loop (so the
         # cache misses overlap instead of queueing behind each probe's branches), then confirm hits
         slot = np.empty(n + 1, dtype=np.int64)
