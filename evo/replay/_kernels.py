@@ -185,6 +185,27 @@ if AVAILABLE:  # pragma: no branch
         return True
 
     @_njit
+    def _batch_dedup(tkeys, trow, tmask, tshift, packed, i, k, rep, pending):
+        """Place row i (key k) in the batch's own open-addressing table; 1 if it is the first of its
+        content in the batch (rep[i] = i), else 0 (rep[i] = the earlier equal row, or pending[i]
+        when only the hash matches)."""
+        t = np.int64((k * _FIB) >> tshift)
+        while True:
+            r = trow[t]
+            if r < 0:
+                tkeys[t] = k
+                trow[t] = i
+                rep[i] = i
+                return 1
+            if tkeys[t] == k:
+                if _same_rows(packed, i, r):
+                    rep[i] = r
+                else:
+                    pending[i] = True
+                return 0
+            t = (t + 1) & tmask
+
+    @_njit
     def classify(h, packed, cols, offs, widths, fkeys, fslot, overflow, bmask, shift, mul):
         """The dedup decision of ReplayStore.insert for each row i (same semantics as the numpy path):
 
@@ -220,21 +241,7 @@ if AVAILABLE:  # pragma: no branch
                 else:
                     pending[i] = True
                 continue
-            t = np.int64((k * _FIB) >> tshift)
-            while True:
-                r = trow[t]
-                if r < 0:
-                    tkeys[t] = k
-                    trow[t] = i
-                    rep[i] = i
-                    break
-                if tkeys[t] == k:
-                    if _same_rows(packed, i, r):
-                        rep[i] = r
-                    else:
-                        pending[i] = True
-                    break
-                t = (t + 1) & tmask
+            _batch_dedup(tkeys, trow, tmask, tshift, packed, i, k, rep, pending)
         return stored, rep, pending
 
     @_njit
@@ -314,27 +321,7 @@ if AVAILABLE:  # pragma: no branch
                 else:
                     pending[i] = True
                 continue
-            t = np.int64((k * _FIB) >> tshift)
-            while True:
-                r = trow[t]
-                if r < 0:
-                    tkeys[t] = k
-                    trow[t] = i
-                    rep[i] = i
-                    n_new += 1
-                    break
-                if tkeys[t] == k:
-                    same = True
-                    for j in range(words):
-                        if packed[i, j] != packed[r, j]:
-                            same = False
-                            break
-                    if same:
-                        rep[i] = r
-                    else:
-                        pending[i] = True
-                    break
-                t = (t + 1) & tmask
+            n_new += _batch_dedup(tkeys, trow, tmask, tshift, packed, i, k, rep, pending)
         new_rows = np.empty(n_new, dtype=np.int64)
         c = 0
         n_pending = 0

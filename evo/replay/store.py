@@ -281,12 +281,7 @@ class ReplayStore:
             self._next = (self._next + n_new) % self.capacity
             self._written = min(self.capacity, self._written + n_new)
             self._sampler.on_insert(write)
-            c = self.counters
-            c["rows_inserted"] += n
-            c["rows_new"] += n_new
-            c["duplicates"] += n - n_new
-            if self.rate_limiter is not None:
-                self.rate_limiter.inserts += n_new
+            self._count_insert(n, n_new)
             return keys
         if newm is None:
             newm = rep == ar
@@ -322,13 +317,17 @@ class ReplayStore:
                 live[live] = self._index.slot_key[slots[live]] == keys[live]
                 live[live] &= self._index.slot_pos[slots[live]] >= 0
                 self._link(arrays[self.episode_field], np.where(live, slots, -1), keys)
+        self._count_insert(n, n_new)
+        return keys
+
+    def _count_insert(self, n: int, n_new: int) -> None:
+        """Counters and the rate limiter after an insert of n rows, n_new of them new."""
         c = self.counters
         c["rows_inserted"] += n
         c["rows_new"] += n_new
         c["duplicates"] += n - n_new
         if self.rate_limiter is not None:
-            self.rate_limiter.inserts += n_new
-        return keys
+            self.rate_limiter.inserts += n_new  # only new rows count as inserts
 
     def _classify(self, packed: np.ndarray, h: np.ndarray, n: int, ar: np.ndarray):
         """numpy path of the dedup decision (see ``_kernels.classify`` for the contract)."""
