@@ -18,8 +18,9 @@ import time
 
 import torch
 
-from agents.base import AgentContext
 from agents.efficientzero.agent import EfficientZeroAgent
+from evo.agent import AgentContext
+from evo.replay import build_replay
 
 TASK = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
 HPARAMS = {"discount": 0.99}
@@ -37,7 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     max_seconds = 60.0 if args.quick else args.max_seconds
-    ctx = AgentContext(task=TASK, replay=EfficientZeroAgent.create_replay(TASK, args.seed, False), seed=args.seed)
+    replay = build_replay(EfficientZeroAgent.replay_spec(TASK), args.seed, distributed=False)
+    ctx = AgentContext(task=TASK, replay=replay, seed=args.seed)
     agent = EfficientZeroAgent.create({}, HPARAMS, args.seed, 0, ctx)
     start = time.perf_counter()
     curve, solved, last = [], None, None

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.base import AgentContext
 from agents.ilql.agent import ILQLAgent
 from agents.ilql.tasks import make_task
+from evo.agent import AgentContext
+from evo.replay import build_replay
 
 SETTINGS = {
     "randomwalks": {
@@ -46,7 +47,7 @@ def run_task(name: str, quick: bool, seed: int) -> dict[str, Any]:
     s = SETTINGS[name]
     task_cfg = ILQLAgent.validate_task({**s["task"], "eval_samples": s["eval_samples"]})
     t0 = time.perf_counter()
-    store = ILQLAgent.create_replay(task_cfg, seed=seed, distributed=False)
+    store = build_replay(ILQLAgent.replay_spec(task_cfg), seed, distributed=False)
     setup_s = time.perf_counter() - t0
     context = AgentContext(task=task_cfg, replay=store, seed=seed)
     agent = ILQLAgent.create(ILQLAgent.validate_arch(s["arch"]), s["hparams"], seed=seed, index=0, context=context)

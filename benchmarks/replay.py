@@ -33,10 +33,15 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from evo.replay import Field, ReplayStore, Schema, hash_rows  # noqa: E402
-from evo.replay import _kernels  # noqa: E402
+from evo.replay import (
+    Field,
+    ReplayStore,
+    Schema,
+    _kernels,
+    hash_rows,
+)
 
 CHUNK = 1000
 BATCH = 256
@@ -127,10 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
     ours_ins, theirs_ins, store = [], [], None
     for _ in range(rounds):
         store = ReplayStore(SCHEMA, capacity=ins_cap, seed=0)
-        ours_ins.append(timed(lambda: [store.insert(c) for c in chunks], n_chunks * CHUNK))
+        ours_ins.append(timed(lambda store=store: [store.insert(c) for c in chunks], n_chunks * CHUNK))
         if trl:
             rb = ReplayBuffer(storage=LazyTensorStorage(ins_cap), batch_size=BATCH)
-            theirs_ins.append(timed(lambda: [rb.extend(td) for td in tds], n_chunks * CHUNK))
+            theirs_ins.append(timed(lambda rb=rb: [rb.extend(td) for td in tds], n_chunks * CHUNK))
     st = store.stats()
     res["insert_per_s"] = max(ours_ins)
     res["dedup_ratio_checked"] = st["duplicates"] / st["rows_inserted"]
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- uniform sampling from the filled stores
     ours_s, theirs_s = [], []
     for _ in range(rounds):
-        ours_s.append(timed(lambda: [store.sample(BATCH) for _ in range(sample_iters)], sample_iters))
+        ours_s.append(timed(lambda store=store: [store.sample(BATCH) for _ in range(sample_iters)], sample_iters))
         if trl:
             theirs_s.append(timed(lambda: [rb.sample() for _ in range(sample_iters)], sample_iters))
     res["sample_batches_per_s"] = max(ours_s)
@@ -152,10 +157,10 @@ def main(argv: list[str] | None = None) -> dict:
         if trl:
             qm = QueryModule(in_keys=list(SCHEMA.fields), index_key="index", hash_module=SipHash())
             few = tds[:20]
-            theirs_h.append(timed(lambda: [qm(td.clone()) for td in few], len(few) * CHUNK))
+            theirs_h.append(timed(lambda qm=qm, few=few: [qm(td.clone()) for td in few], len(few) * CHUNK))
             sip = SipHash()
             flat = [torch.cat([td[k].reshape(CHUNK, -1).view(torch.uint8) for k in SCHEMA.fields], 1) for td in few]
-            theirs_sip.append(timed(lambda: [sip(x) for x in flat], len(few) * CHUNK))
+            theirs_sip.append(timed(lambda sip=sip, flat=flat: [sip(x) for x in flat], len(few) * CHUNK))
     res["hash_rows_per_s"] = max(ours_h)
     del store
 
@@ -168,11 +173,11 @@ def main(argv: list[str] | None = None) -> dict:
     for i in range(0, keys.size, 100_000):  # non-uniform priorities over the whole tree
         per.update_priorities(keys[i : i + 100_000], rng.exponential(1.0, min(100_000, keys.size - i)) + 1e-3)
     res["per_sample_batches_per_s"] = best_rate(
-        lambda: timed(lambda: [per.sample(BATCH) for _ in range(sample_iters)], sample_iters), rounds)
+        lambda per=per: timed(lambda: [per.sample(BATCH) for _ in range(sample_iters)], sample_iters), rounds)
     upd_keys = [keys[rng.integers(0, keys.size, BATCH)] for _ in range(200)]
     upd_p = rng.exponential(1.0, (200, BATCH)) + 1e-3
     res["per_update_batches_per_s"] = best_rate(
-        lambda: timed(lambda: [per.update_priorities(upd_keys[i], upd_p[i]) for i in range(200)], 200), rounds)
+        lambda per=per: timed(lambda: [per.update_priorities(upd_keys[i], upd_p[i]) for i in range(200)], 200), rounds)
     del per, keys
 
     if trl:

@@ -57,7 +57,8 @@ def flatten_state(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
             return float(obj)
         if obj is None or isinstance(obj, (str, int, float, bool)):
             return obj
-        raise TypeError(f"state value at {path or '<root>'}: cannot store a {type(obj).__name__} (tensors, arrays and JSON scalars only)")
+        raise TypeError(f"state value at {path or '<root>'}: cannot store a {type(obj).__name__} "
+                        "(tensors, arrays and JSON scalars only)")
 
     return walk(state, ""), tensors
 
@@ -123,7 +124,8 @@ def load_state(directory: str | os.PathLike, expect_digest: str | None = None) -
     if actual != recorded:
         raise CheckpointError(f"{skel_path}: contents altered (sha256 {actual[:12]}… != recorded {recorded[:12]}…)")
     if expect_digest is not None and recorded != expect_digest:
-        raise CheckpointError(f"{directory}: checkpoint digest {recorded[:12]}… is not the one the run store recorded ({expect_digest[:12]}…)")
+        raise CheckpointError(f"{directory}: checkpoint digest {recorded[:12]}… is not the one the run store "
+                              f"recorded ({expect_digest[:12]}…)")
     if body.get("format") != FORMAT:
         raise CheckpointError(f"{skel_path}: format {body.get('format')!r}, expected {FORMAT!r}")
     blob = tensor_path.read_bytes()

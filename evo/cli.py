@@ -18,10 +18,6 @@ __all__ = ["main"]
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
-class UsageError(Exception):
-    """Bad input a person can fix; printed without a traceback, exit 2."""
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evo", description="Evolve populations of RL agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -42,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--generations", type=int, help="run until this many generations are complete")
     res.add_argument("--runs-dir", default="runs")
 
-    ls = sub.add_parser("runs", help="list runs with status, generations done and best fitness")
+    ls = sub.add_parser("runs", help="list runs with status, generations done and best score")
     ls.add_argument("--runs-dir", default="runs")
 
     lb = sub.add_parser("leaderboard", help="the last generation's members, elite first")
@@ -75,16 +71,15 @@ def _free_name(runs_dir: Path, name: str) -> str:
 
 def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None) -> int:
     from evo.display import RunDisplay
-    from evo.population import evolve, make_scheduler
+    from evo.population import evolve, start_backend
 
     total = generations or exp.population.generations
     display = RunDisplay(store.name, total, exp.population.size, backend)
     scheduler = None
     try:
-        scheduler = make_scheduler(exp, backend, address)
+        scheduler, context = start_backend(exp, backend, address)
         with display:
-            evolve(exp, store, scheduler, total, progress=display.member_event,
-                   on_generation=display.generation_done, on_generation_start=display.generation_start)
+            evolve(exp, store, scheduler, context, total, observer=display)
     except KeyboardInterrupt:
         store.set(status="interrupted")
         print(f"\ninterrupted; resume with: evo resume {store.name}", file=sys.stderr)
@@ -100,7 +95,7 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
     best = store.evaluations()
     if best:
         print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
-              f"elite member {best[0]['index']} fitness {best[0]['score']:.4g} — {store.path}")
+              f"elite member {best[0]['index']} score {best[0]['score']:.4g} — {store.path}")
     return 0
 
 
@@ -118,7 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     exp, text = load_experiment(args.experiment, overrides)
     runs_dir = Path(args.runs_dir)
     name = args.name or _free_name(runs_dir, exp.name)
-    store = RunStore.create(runs_dir, name, text, exp.model_dump(mode="json"), source=str(args.experiment))
+    store = RunStore.create(runs_dir, name, text, exp.to_json(), source=str(args.experiment))
     store.set(backend=exp.backend)
     return _execute(store, exp, exp.backend, args.address, None)
 
@@ -155,10 +150,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table()
-    for col in ("run", "agent", "status", "generations", "best fitness", "updated"):
+    for col in ("run", "agent", "status", "generations", "best score", "updated"):
         table.add_column(col)
     for r in runs:
-        best = "-" if r["best_fitness"] is None else f"{r['best_fitness']:.4g}"
+        best = "-" if r["best_score"] is None else f"{r['best_score']:.4g}"
         table.add_row(r["name"], str(r["agent"]), r["status"], f"{r['generations_done']}/{r['generations']}", best,
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
     Console(width=140).print(table)
@@ -187,43 +182,41 @@ def _mutable_hparams(store: Any) -> set[str] | None:
         exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
     except (SpecError, ValueError):
         return None
-    return {name for name, hp in exp.hparam_space().items() if hp.mutable}
+    return {name for name, hp in exp.hparam_space.items() if hp.mutable}
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agents import agent_class
-    from agents.base import AgentContext
+    from evo.agent import AgentContext
     from evo.checkpoint import load_state
     from evo.runstore import RunStore
+    from evo.spec import parse_experiment
 
     store = RunStore.open(args.run, args.runs_dir)
     row, path, digest = store.trained_checkpoint(args.member)
     state, _ = load_state(path, expect_digest=digest)
-    exp = store.experiment()
-    cls = agent_class(exp["agent"]["kind"])
-    from evo.spec import parse_experiment
-
-    task = parse_experiment(exp, f"{store.path}/experiment").task()
-    agent = cls.from_state(state, AgentContext(task=task))
+    exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
+    agent = exp.agent_class.from_state(state, AgentContext(task=exp.task, seed=exp.seed))
     try:
         out = agent.export(args.out, info={"run": store.name, "generation": row["generation"], "member": row["index"],
-                                           "fitness": row["score"], "evaluations": row["history"]})
+                                           "score": row["score"], "fitness": row["fitness"],
+                                           "evaluations": row["history"]})
     except ValueError as exc:  # the agent cannot write part of its export (e.g. no HF equivalent)
         print(f"evo: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(f"exported member {row['index']} (generation {row['generation']}, fitness {row['score']:.4g}) to {out}")
+    print(f"exported member {row['index']} (generation {row['generation']}, score {row['score']:.4g}) to {out}")
     return 0
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from evo.leaderboard import _mutation_summary
+    from evo.records import MutationRecord
     from evo.runstore import RunStore
 
     store = RunStore.open(args.run, args.runs_dir)
     for m in store.lineage(args.member):
         best = "-" if m["best_score"] is None else f"{m['best_score']:.4g}"
-        origin = "founder" if m["parent"] is None else f"child of {m['parent']} via {_mutation_summary(m['mutation'])}"
-        print(f"member {m['index']:>4}  born gen {m['born']:>3}  best fitness {best:>10}  {origin}")
+        record = MutationRecord.from_json(m["mutation"])
+        origin = "founder" if m["parent"] is None or record is None else f"child of {m['parent']} via {record.summary()}"
+        print(f"member {m['index']:>4}  born gen {m['born']:>3}  best score {best:>10}  {origin}")
         if m["mutation"]:
             print(f"      mutation: {json.dumps(m['mutation'], sort_keys=True, default=str)}")
     return 0
@@ -241,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (SpecError, RunStoreError, UsageError) as exc:
+    except (SpecError, RunStoreError) as exc:
         print(f"evo: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CheckpointError as exc:

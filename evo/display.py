@@ -1,4 +1,4 @@
-"""Live progress for `evo run`: a generation bar, each member's status, the best fitness so far.
+"""Live progress for `evo run`: a generation bar, each member's status, the best score so far.
 
 On a terminal it is a rich Live view; otherwise (CI logs, pipes) one plain line per event that
 matters, so logs stay readable.
@@ -16,10 +16,12 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from evo.observer import RunObserver
+
 __all__ = ["RunDisplay"]
 
 
-class RunDisplay:
+class RunDisplay(RunObserver):
     def __init__(self, run: str, generations: int, population: int, backend: str) -> None:
         self.run, self.generations, self.backend = run, generations, backend
         self.console = Console()
@@ -35,7 +37,7 @@ class RunDisplay:
         self.live: Live | None = None
         self._t0 = time.perf_counter()
 
-    def __enter__(self) -> "RunDisplay":
+    def __enter__(self) -> RunDisplay:
         if self.live_mode:
             self.live = Live(self._render(), console=self.console, refresh_per_second=4)
             self.live.__enter__()
@@ -48,7 +50,7 @@ class RunDisplay:
             self.live.__exit__(*exc)
 
     def _render(self) -> Group:
-        table = Table(title=f"generation {self.generation} · best fitness so far "
+        table = Table(title=f"generation {self.generation} · best score so far "
                             f"{'-' if self.best == -math.inf else f'{self.best:.4g}'}", expand=False)
         table.add_column("member")
         table.add_column("status")
@@ -62,11 +64,11 @@ class RunDisplay:
         if self.live is not None:
             self.live.update(self._render())
 
-    def generation_start(self, generation: int, indices: list[int]) -> None:
+    def generation_started(self, generation: int, indices: list[int]) -> None:
         with self._lock:
             self.generation = generation
             self.progress.update(self.task, completed=generation)
-            self.status = {i: "queued" for i in indices}
+            self.status = dict.fromkeys(indices, "queued")
             self.fitness = {}
             self._refresh()
 
@@ -85,6 +87,6 @@ class RunDisplay:
             self._refresh()
             if not self.live_mode:
                 top = board[0] if board else None
-                elite = f"elite member {top['index']} fitness {top['score']:.4g}" if top else "no evaluations"
+                elite = f"elite member {top['index']} score {top['score']:.4g}" if top else "no evaluations"
                 print(f"generation {generation + 1}/{self.generations}: {elite}; best so far {self.best:.4g} "
                       f"({time.perf_counter() - self._t0:.1f} s)", flush=True)

@@ -27,18 +27,23 @@ parts that contribute least (smallest outgoing weight norm) and say so in their 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+
+from evo.records import MutationRecord
 
 __all__ = [
     "ACTIVATIONS",
     "make_activation",
     "ParamChange",
     "remap_optimizer",
+    "optimizer_state",
+    "load_optimizer_state",
     "EvolvableMLP",
 ]
 
@@ -81,7 +86,7 @@ class ParamChange:
     removed: list[nn.Parameter] = field(default_factory=list)
     added: list[nn.Parameter] = field(default_factory=list)
 
-    def extend(self, other: "ParamChange") -> "ParamChange":
+    def extend(self, other: ParamChange) -> ParamChange:
         self.resized += other.resized
         self.removed += other.removed
         self.added += other.added
@@ -119,6 +124,34 @@ def remap_optimizer(optimizer: torch.optim.Optimizer, change: ParamChange, group
             else:
                 moved[key] = value.clone() if torch.is_tensor(value) else value
         optimizer.state[new] = moved
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter *name* in `module`, plus its group settings.
+
+    By name, not position: after architecture mutations the optimizer's parameter order differs
+    from a freshly built module's, so a positional state dict would pair moments with the wrong
+    tensors. Tensors are copied to the CPU, so the tree checkpoints anywhere.
+    """
+    names = {id(p): n for n, p in module.named_parameters()}
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items() if k != "params"}
+              for g in optimizer.param_groups]
+    state = {names[id(p)]: {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+             for p, st in optimizer.state.items() if id(p) in names}
+    return {"groups": groups, "state": state}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, module: nn.Module, saved: dict[str, Any]) -> None:
+    """Inverse of `optimizer_state` for an optimizer over `module`'s parameters (copies, never aliases)."""
+    params = dict(module.named_parameters())
+    for group, settings in zip(optimizer.param_groups, saved["groups"]):
+        group.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in settings.items()})
+    for name, st in saved["state"].items():
+        if name not in params:
+            raise ValueError(f"optimizer state: parameter {name!r} is not in the module built from the saved arch")
+        device = params[name].device
+        optimizer.state[params[name]] = {k: (v.clone().to(device) if torch.is_tensor(v) and v.dim() > 0
+                                             else v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
 
 
 def _resized(old: nn.Parameter, new_data: torch.Tensor, old_index: Index, new_index: Index,
@@ -267,8 +300,8 @@ class EvolvableMLP(nn.Module):
 
     # -- the mutation the engine asks for -----------------------------------------------------
     def mutate(self, rng: np.random.Generator, new_layer_prob: float, bounds: dict[str, int],
-               generator: torch.Generator | None = None) -> tuple[ParamChange, dict[str, Any]]:
-        """One architecture mutation within `bounds`; returns the change and a JSON record.
+               generator: torch.Generator | None = None) -> tuple[ParamChange, MutationRecord]:
+        """One architecture mutation within `bounds`; returns the change and its record.
 
         With probability `new_layer_prob` a layer mutation (add or remove a block), otherwise
         a node mutation (widen or narrow a block, or widen the trunk). Growth is preferred
@@ -284,12 +317,14 @@ class EvolvableMLP(nn.Module):
                 pos = int(rng.integers(n_blocks + 1))
                 hidden = int(np.clip(self.width, b["min_hidden"], b["max_hidden"]))
                 change = self.add_block(pos, hidden, generator)
-                return change, {"op": "add_block", "position": pos, "hidden": hidden, "function_preserving": True}
+                return change, MutationRecord("add_block", {"blocks": [n_blocks, n_blocks + 1]}, True,
+                                              {"position": pos, "hidden": hidden})
             if can_remove:
                 norms = [float(blk.fc2.weight.detach().norm()) for blk in self.blocks]
                 pos = int(np.argmin(norms))
-                return self.remove_block(pos), {"op": "remove_block", "position": pos, "function_preserving": norms[pos] == 0.0}
-            return ParamChange(), {"op": "none", "reason": "block count at its bounds"}
+                return self.remove_block(pos), MutationRecord("remove_block", {"blocks": [n_blocks, n_blocks - 1]},
+                                                              norms[pos] == 0.0, {"position": pos})
+            return ParamChange(), MutationRecord.none("block count at its bounds")
         options: list[tuple[str, int]] = []
         if self.width + step <= b["max_width"]:
             options.append(("widen_trunk", -1))
@@ -299,13 +334,15 @@ class EvolvableMLP(nn.Module):
             if h - step >= b["min_hidden"]:
                 options.append(("narrow_block", i))
         if not options:
-            return ParamChange(), {"op": "none", "reason": "widths at their bounds"}
+            return ParamChange(), MutationRecord.none("widths at their bounds")
         op, i = options[int(rng.integers(len(options)))]
         if op == "widen_trunk":
-            return self.widen_trunk(step, generator), {"op": op, "extra": step, "width": self.width, "function_preserving": True}
-        if op == "widen_block":
-            return self.widen_block(i, step, generator), {"op": op, "block": i, "extra": step, "hidden": self.block_sizes[i], "function_preserving": True}
-        return self.narrow_block(i, step), {"op": op, "block": i, "removed": step, "hidden": self.block_sizes[i], "function_preserving": False}
+            width = self.width
+            return self.widen_trunk(step, generator), MutationRecord(op, {"width": [width, self.width]}, True)
+        hidden = self.block_sizes[i]
+        change = self.widen_block(i, step, generator) if op == "widen_block" else self.narrow_block(i, step)
+        return change, MutationRecord(op, {f"block{i}.hidden": [hidden, self.block_sizes[i]]}, op == "widen_block",
+                                      {"block": i})
 
 
 class _seeded:

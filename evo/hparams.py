@@ -73,7 +73,7 @@ class HParam:
     def mutable(self) -> bool:
         return self.choices is not None if self.kind == "choice" else self.min is not None and self.min < self.max
 
-    def with_value(self, value: Any) -> "HParam":
+    def with_value(self, value: Any) -> HParam:
         data = asdict(self)
         data["value"] = value
         return HParam(**data)

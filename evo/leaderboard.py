@@ -9,25 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from evo.records import MutationRecord
 from evo.runstore import RunStore
 
 __all__ = ["leaderboard_rows", "render"]
-
-
-def _mutation_summary(mutation: dict[str, Any] | None) -> str:
-    if not mutation:
-        return "-"
-    kind = mutation.get("kind", "?")
-    if kind == "rl_hp":
-        changes = mutation.get("changes", {})
-        return "rl_hp " + ", ".join(f"{k}→{_fmt(v[1])}" for k, v in changes.items()) if changes else "rl_hp"
-    if kind == "architecture":
-        return f"architecture {mutation.get('op', '?')}"
-    if kind == "activation":
-        return f"activation {mutation.get('from')}→{mutation.get('to')}"
-    if kind == "parameters":
-        return f"parameters sd={mutation.get('sd')}"
-    return kind
 
 
 def _fmt(v: Any) -> str:
@@ -42,22 +27,27 @@ def _arch_summary(arch: dict[str, Any]) -> str:
 
 
 def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, Any]]:
-    """Members of the last completed generation, elite first."""
+    """Members of the last completed generation, elite first.
+
+    `score` is what selection ranked by (the mean of the last `fitness_window` evaluations, with
+    `score_std` their spread); `fitness` is the member's latest single evaluation.
+    """
     window = int(store.experiment().get("selection", {}).get("fitness_window", 1))
     last = store.last_completed_generation()
     rows = []
     for rank, ev in enumerate(store.evaluations(last), start=1):
         recent = [x for x in ev["history"][-window:] if not math.isnan(x)]
+        record = MutationRecord.from_json(ev["mutation"])
         rows.append({
             "rank": rank,
             "member": ev["index"],
-            "fitness": float(np.mean(recent)) if recent else float("nan"),
-            "fitness_std": float(np.std(recent)) if recent else float("nan"),
-            "last_fitness": ev["fitness"],
+            "score": ev["score"],
+            "score_std": float(np.std(recent)) if recent else float("nan"),
+            "fitness": ev["fitness"],
             "evaluations": len(ev["history"]),
             "age": last - ev["born"] + 1,
             "parent": ev["parent"],
-            "last_mutation": _mutation_summary(ev["mutation"]),
+            "last_mutation": "-" if record is None else record.summary(),
             "hparams": ev["hparams"],
             "arch": _arch_summary(ev["arch"]),
             "generation": last,
@@ -81,11 +71,12 @@ def render(rows: list[dict[str, Any]], fmt: str, title: str = "", shown_hparams:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("rank", "member", "fitness", "age", "parent", "last mutation", "hyperparameters", "architecture"):
+    for col in ("rank", "member", "score", "fitness", "age", "parent", "last mutation", "hyperparameters", "architecture"):
         table.add_column(col, overflow="fold")
     for r in rows:
         hp = ", ".join(f"{k}={_fmt(v)}" for k, v in r["hparams"].items() if shown_hparams is None or k in shown_hparams)
-        table.add_row(str(r["rank"]), str(r["member"]), f"{r['fitness']:.4g} ± {r['fitness_std']:.2g}", str(r["age"]),
+        table.add_row(str(r["rank"]), str(r["member"]), f"{r['score']:.4g} ± {r['score_std']:.2g}", f"{r['fitness']:.4g}",
+                      str(r["age"]),
                       "-" if r["parent"] is None else str(r["parent"]), r["last_mutation"], hp, r["arch"])
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
     console.print(table)

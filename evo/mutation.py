@@ -1,51 +1,54 @@
 """Mutation kinds and their registry: one kind is sampled per child by relative probability.
 
-Each mutation changes an agent in place and returns a small JSON record of what changed; the
-run store keeps the record as the child's lineage entry.
+Each mutation changes an agent in place and returns a `MutationRecord` of what changed; the run
+store keeps it as the child's lineage entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
-from agents.base import Agent
+from evo.agent import Agent
 from evo.hparams import HParam, mutate_hparams
+from evo.records import MutationRecord
 from evo.spec import MutationSpec
 
 __all__ = ["MUTATIONS", "sample_mutation_kind", "apply_mutation"]
 
-Mutation = Callable[[Agent, MutationSpec, dict[str, HParam], np.random.Generator], dict[str, Any]]
+Mutation = Callable[[Agent, MutationSpec, dict[str, HParam], np.random.Generator], MutationRecord]
 
 
-def _none(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> dict[str, Any]:
-    return {}
+def _none(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
+    return MutationRecord()
 
 
-def _architecture(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> dict[str, Any]:
+def _architecture(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
     return agent.mutate_architecture(rng, spec.new_layer)
 
 
-def _parameters(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> dict[str, Any]:
+def _parameters(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
     return agent.perturb_parameters(rng, spec.mutation_sd)
 
 
-def _activation(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> dict[str, Any]:
+def _activation(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
     current = agent.arch.get("activation")
     options = [a for a in spec.activation_choices if a != current]
     if not options:
-        return {"op": "none", "reason": "no other activation allowed"}
+        return MutationRecord.none("no other activation allowed")
     name = options[int(rng.integers(len(options)))]
     record = agent.set_activation(name)
-    return {"from": current, "to": name, **record}
+    if record.op == "none":
+        return record
+    return replace(record, op="set_activation", changes={"activation": [current, name], **record.changes})
 
 
-def _rl_hp(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> dict[str, Any]:
+def _rl_hp(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
     changes = mutate_hparams(space, agent.hparams, rng, spec.rl_hp_count)
     agent.set_hparams({k: new for k, (_, new) in changes.items()})
-    return {"changes": {k: [old, new] for k, (old, new) in changes.items()}}
+    return MutationRecord(op="hparams", changes={k: [old, new] for k, (old, new) in changes.items()})
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -63,7 +66,11 @@ def sample_mutation_kind(spec: MutationSpec, rng: np.random.Generator) -> str:
 
 
 def apply_mutation(agent: Agent, spec: MutationSpec, space: dict[str, HParam],
-                   rng: np.random.Generator) -> dict[str, Any]:
-    """Sample a kind, apply it to `agent` in place, and return {"kind": ..., **record}."""
+                   rng: np.random.Generator) -> MutationRecord:
+    """Sample a kind, apply it to `agent` in place, and return its record (with `kind` set)."""
     kind = sample_mutation_kind(spec, rng)
-    return {"kind": kind, **MUTATIONS[kind](agent, spec, space, rng)}
+    record = MUTATIONS[kind](agent, spec, space, rng)
+    if not isinstance(record, MutationRecord):
+        raise TypeError(f"{type(agent).__name__}: a {kind} mutation must return a MutationRecord, "
+                        f"found {type(record).__name__}")
+    return replace(record, kind=kind)

@@ -18,14 +18,16 @@ import json
 import shutil
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from evo.checkpoint import load_state, save_state
+from evo.replay.protocol import Replay
 
 __all__ = ["RunStore", "RunStoreError", "MemberRecord", "EvaluatedMember", "DB_NAME"]
 
@@ -105,7 +107,7 @@ class RunStore:
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
     def create(cls, runs_dir: str | Path, name: str, experiment_text: str, experiment: dict[str, Any],
-               source: str = "") -> "RunStore":
+               source: str = "") -> RunStore:
         path = Path(runs_dir) / name
         if path.exists():
             raise RunStoreError(f"{path}: a run with this name exists; use `evo resume {name}` or pick another --name")
@@ -125,7 +127,7 @@ class RunStore:
         return cls(path)
 
     @classmethod
-    def open(cls, run: str | Path, runs_dir: str | Path = "runs") -> "RunStore":
+    def open(cls, run: str | Path, runs_dir: str | Path = "runs") -> RunStore:
         path = Path(run)
         if not (path / DB_NAME).is_file():
             path = Path(runs_dir) / str(run)
@@ -210,46 +212,37 @@ class RunStore:
         self._prune(generation)
 
     # ---- the shared replay store -------------------------------------------------------------
-    def snapshot_replay(self, replay: object, generation: int) -> None:
+    def snapshot_replay(self, replay: Replay, generation: int) -> None:
         """Snapshot the run's shared replay store as of the end of `generation` (before it commits).
 
-        Stores without `snapshot` (or no store) are skipped. The snapshot for generation g is what
-        a resume from g loads, so the data matches the population it resumes.
+        The snapshot for generation g is what a resume from g loads, so the data matches the
+        population it resumes.
         """
-        snapshot = getattr(replay, "snapshot", None)
-        if snapshot is None:
-            return
-        snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
+        replay.snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
 
-    def restore_replay(self, replay: object, generation: int) -> bool:
+    def restore_replay(self, replay: Replay, generation: int) -> bool:
         """Load the replay snapshot of `generation` into `replay` in place; False if there is none."""
         directory = self.path / "replay" / f"g{generation:04d}"
-        load = getattr(replay, "load_snapshot", None)
-        if load is None or not directory.is_dir():
+        if not directory.is_dir():
             return False
-        load(directory)
+        replay.load_snapshot(directory)
         return True
-
-    def _prune_replay(self, generation: int) -> None:
-        root = self.path / "replay"
-        if root.is_dir():
-            for d in root.iterdir():
-                if d.name.startswith("g") and d.name[1:].isdigit() and int(d.name[1:]) < generation:
-                    shutil.rmtree(d, ignore_errors=True)
 
     def _prune(self, generation: int) -> None:
         """Drop checkpoints no longer needed: older start states, and trained states that were not a generation's best."""
         keep_best = {(r["generation"], r["best_idx"]) for r in self._db.execute("SELECT generation, best_idx FROM generations")}
         with self._transaction() as db:
-            old = db.execute("SELECT generation, idx, checkpoint FROM evaluations WHERE generation < ? AND checkpoint IS NOT NULL",
-                             (generation,)).fetchall()
+            old = db.execute("SELECT generation, idx, checkpoint FROM evaluations "
+                             "WHERE generation < ? AND checkpoint IS NOT NULL", (generation,)).fetchall()
             doomed = [r for r in old if (r["generation"], r["idx"]) not in keep_best]
             for r in doomed:
-                db.execute("UPDATE evaluations SET checkpoint = NULL WHERE generation = ? AND idx = ?", (r["generation"], r["idx"]))
-            starts = db.execute("SELECT generation, idx, checkpoint FROM population WHERE generation <= ? AND checkpoint IS NOT NULL",
-                                (generation,)).fetchall()
+                db.execute("UPDATE evaluations SET checkpoint = NULL WHERE generation = ? AND idx = ?",
+                           (r["generation"], r["idx"]))
+            starts = db.execute("SELECT generation, idx, checkpoint FROM population "
+                                "WHERE generation <= ? AND checkpoint IS NOT NULL", (generation,)).fetchall()
             for r in starts:
-                db.execute("UPDATE population SET checkpoint = NULL WHERE generation = ? AND idx = ?", (r["generation"], r["idx"]))
+                db.execute("UPDATE population SET checkpoint = NULL WHERE generation = ? AND idx = ?",
+                           (r["generation"], r["idx"]))
         for r in [*doomed, *starts]:
             shutil.rmtree(self.path / r["checkpoint"], ignore_errors=True)
 
@@ -282,13 +275,6 @@ class RunStore:
             "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
             "WHERE e.generation = ? ORDER BY e.score DESC, e.idx ASC", (generation,)).fetchall()
         return [_evaluation_row(r) for r in rows]
-
-    def all_evaluations(self) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT generation, idx, fitness, score FROM evaluations ORDER BY generation, idx").fetchall()
-        return [dict(r) for r in rows]
-
-    def generations(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM generations ORDER BY generation")]
 
     def member(self, index: int) -> dict[str, Any] | None:
         r = self._db.execute("SELECT * FROM members WHERE idx = ?", (index,)).fetchone()
@@ -326,7 +312,8 @@ class RunStore:
             "WHERE e.idx = ? AND e.checkpoint IS NOT NULL ORDER BY e.generation DESC LIMIT 1", (index,)).fetchone()
         if r is None:
             known = self.member(index) is not None
-            why = "its checkpoints were pruned (only each generation's best and the last generation are kept)" if known else "no such member"
+            why = ("its checkpoints were pruned (only each generation's best and the last generation are kept)"
+                   if known else "no such member")
             raise RunStoreError(f"{self.path}: member {index}: {why}")
         return _evaluation_row(r), self.path / r["checkpoint"], r["digest"]
 
@@ -335,7 +322,7 @@ class RunStore:
                                 (self.last_completed_generation(),)).fetchone()[0]
         exp = self.experiment()
         return {"name": self.name, "status": self.status, "generations_done": self.last_completed_generation() + 1,
-                "generations": exp.get("population", {}).get("generations"), "best_fitness": best,
+                "generations": exp.get("population", {}).get("generations"), "best_score": best,
                 "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0)}
 
     @staticmethod

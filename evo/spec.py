@@ -1,22 +1,27 @@
-"""Experiment files: TOML in, a validated `Experiment` out, or a `SpecError` a person can act on.
+"""Experiment files: TOML in, one resolved `Experiment` out, or a `SpecError` a person can act on.
 
 Every error names the file, the field, what was expected and what was found. The engine-level
-tables are checked by pydantic; the agent's own tables (task, arch, hparams) by the agent class,
-which is the only place that knows them.
+tables are checked by pydantic (`ExperimentSpec`); the agent's own tables (task, arch, hparams)
+by the agent class, which is the only place that knows them. The result carries the agent class
+itself, so nothing downstream looks a kind up by name again.
 """
 
 from __future__ import annotations
 
-import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evo.evolvable import ACTIVATIONS
 from evo.hparams import HParam, HParamError, parse_hparam
 
-__all__ = ["Experiment", "SpecError", "load_experiment", "parse_experiment"]
+if TYPE_CHECKING:
+    from evo.agent import Agent
+
+__all__ = ["Experiment", "ExperimentSpec", "SpecError", "load_experiment", "parse_experiment"]
 
 
 class SpecError(ValueError):
@@ -61,7 +66,8 @@ class MutationSpec(_Strict):
     parameters: float = Field(default=0.2, ge=0)
     mutation_sd: float = Field(default=0.1, gt=0)
     activation: float = Field(default=0.0, ge=0)
-    activation_choices: list[str] = Field(default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
+    activation_choices: list[str] = Field(
+        default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
     rl_hp: float = Field(default=0.2, ge=0)
     rl_hp_count: int = Field(default=1, ge=1, description="hyperparameters changed by one rl_hp mutation")
 
@@ -76,28 +82,31 @@ class MutationSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _some_probability(self) -> "MutationSpec":
+    def _some_probability(self) -> MutationSpec:
         if self.weights().sum() <= 0:
             raise ValueError("expected at least one mutation kind with probability > 0")
         return self
 
     KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp")
 
-    def weights(self):  # noqa: ANN201 - numpy array
+    def weights(self):
         import numpy as np
 
         return np.array([getattr(self, k) for k in self.KINDS], dtype=float)
 
 
 class ResourcesSpec(_Strict):
-    num_workers: int | None = Field(default=None, ge=1, description="Ray actors training members (default: min(population, CPUs))")
+    num_workers: int | None = Field(default=None, ge=1,
+                                    description="Ray actors training members (default: min(population, CPUs))")
     cpus_per_member: float = Field(default=1.0, gt=0)
     gpus_per_member: float = Field(default=0.0, ge=0)
     address: str | None = None
     timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
 
 
-class Experiment(_Strict):
+class ExperimentSpec(_Strict):
+    """The experiment file's tables, checked; the agent's own tables are still raw here."""
+
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = 0
     backend: Literal["ray", "inline"] = "ray"
@@ -106,13 +115,9 @@ class Experiment(_Strict):
     selection: SelectionSpec = Field(default_factory=SelectionSpec)
     mutation: MutationSpec = Field(default_factory=MutationSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    # filled in by parse_experiment once the agent class has checked its own tables
-    _hparam_space: dict[str, HParam] = PrivateAttr(default_factory=dict)
-    _task: dict[str, Any] = PrivateAttr(default_factory=dict)
-    _arch: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
-    def _tournament_fits(self) -> "Experiment":
+    def _tournament_fits(self) -> ExperimentSpec:
         if self.selection.tournament_size > self.population.size:
             raise ValueError(
                 f"selection.tournament_size: expected at most population.size ({self.population.size}), "
@@ -120,14 +125,30 @@ class Experiment(_Strict):
             )
         return self
 
-    def hparam_space(self) -> dict[str, HParam]:
-        return self._hparam_space
 
-    def task(self) -> dict[str, Any]:
-        return self._task
+@dataclass(frozen=True)
+class Experiment:
+    """A runnable experiment: the checked file, the agent class its kind names, and the agent's
+    own tables as that class validated them (task, architecture, hyperparameter space)."""
 
-    def arch(self) -> dict[str, Any]:
-        return self._arch
+    spec: ExperimentSpec
+    agent_class: type[Agent]
+    hparam_space: dict[str, HParam]
+    task: dict[str, Any]
+    arch: dict[str, Any]
+
+    # the engine-level tables, read straight through
+    name = property(lambda self: self.spec.name)
+    seed = property(lambda self: self.spec.seed)
+    backend = property(lambda self: self.spec.backend)
+    population = property(lambda self: self.spec.population)
+    selection = property(lambda self: self.spec.selection)
+    mutation = property(lambda self: self.spec.mutation)
+    resources = property(lambda self: self.spec.resources)
+
+    def to_json(self) -> dict[str, Any]:
+        """The checked file as JSON (what the run store keeps and `evo resume` parses again)."""
+        return self.spec.model_dump(mode="json")
 
 
 def _describe(value: Any) -> str:
@@ -168,11 +189,11 @@ def parse_experiment(data: dict[str, Any], source: str = "<experiment>",
             data[section] = target
         target[name] = value
     try:
-        exp = Experiment.model_validate(data)
+        exp = ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         raise _from_pydantic(source, exc) from None
 
-    from agents import agent_class
+    from evo.registry import agent_class
 
     try:
         cls = agent_class(exp.agent.kind)
@@ -199,8 +220,7 @@ def parse_experiment(data: dict[str, Any], source: str = "<experiment>",
             if sub in {"value", "min", "max", "min/max", "kind", "scale", "choices", "grow/shrink", "resample_prob"}:
                 raise SpecError(source, f"agent.hparams.{field}.{sub.split('/')[0]}", rest2) from None
             raise SpecError(source, f"agent.hparams.{field}", rest) from None
-    exp._hparam_space, exp._task, exp._arch = space, task, arch
-    return exp
+    return Experiment(exp, cls, space, task, arch)
 
 
 def load_experiment(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Experiment, str]:

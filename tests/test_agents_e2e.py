@@ -7,11 +7,11 @@ cover learning). The shipped experiment files are the starting point, so they st
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
+import tomllib
 
 import agents
 from tests.conftest import REPO, run_evo

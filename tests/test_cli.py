@@ -53,8 +53,8 @@ def evaluations(run_dir: Path) -> list[tuple]:
 def test_leaderboard_formats(runs: Path, capsys, monkeypatch) -> None:
     rows = board(runs, "ref", capsys, monkeypatch)
     assert len(rows) == 4 and [r["rank"] for r in rows] == [1, 2, 3, 4]
-    assert rows == sorted(rows, key=lambda r: -r["fitness"])
-    assert {"fitness", "fitness_std", "hparams", "arch", "age", "parent", "last_mutation"} <= set(rows[0])
+    assert rows == sorted(rows, key=lambda r: -r["score"])
+    assert {"score", "score_std", "fitness", "hparams", "arch", "age", "parent", "last_mutation"} <= set(rows[0])
     code, table, _ = evo(["leaderboard", "ref", "--top", "2"], runs, capsys, monkeypatch)
     assert code == 0 and "rank" in table and "hyperparameters" in table and "±" in table
     code, text, _ = evo(["leaderboard", "ref", "--format", "csv"], runs, capsys, monkeypatch)
@@ -87,7 +87,7 @@ def test_export_then_agents_load_without_the_run(runs: Path, capsys, monkeypatch
     shutil.rmtree(out)
     agent = agents.load(moved)  # nothing but the exported directory
     assert agent.index == rows[0]["member"]
-    assert agent.evaluate().fitness == pytest.approx(rows[0]["last_fitness"], abs=1e-7)
+    assert agent.evaluate().fitness == pytest.approx(rows[0]["fitness"], abs=1e-7)
     code, _, err = evo(["export", "ref", "--out", str(runs / "o2"), "--member", "12345"], runs, capsys, monkeypatch)
     assert code == 2 and "no such member" in err
 
@@ -108,7 +108,7 @@ def test_ray_backend_gives_the_inline_leaderboard(runs: Path, capsys, monkeypatc
     out = runs / "from_ray"
     run_evo(["export", "onray", "--out", str(out)], runs, check=True)
     rows = board(runs, "onray", capsys, monkeypatch)
-    assert agents.load(out).evaluate().fitness == pytest.approx(rows[0]["last_fitness"], abs=1e-7)
+    assert agents.load(out).evaluate().fitness == pytest.approx(rows[0]["fitness"], abs=1e-7)
 
 
 @pytest.mark.parametrize("kill_at_train, label", [(5, "between generations"), (7, "mid-generation")])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.base import AgentContext
+from evo.agent import AgentContext
 from evo.evolvable import ACTIVATIONS, EvolvableMLP, remap_optimizer
 from evo.mutation import MUTATIONS, apply_mutation
 from evo.spec import MutationSpec
@@ -84,7 +84,7 @@ def test_mutate_respects_bounds_and_records_are_json() -> None:
     bounds = {"min_blocks": 1, "max_blocks": 3, "min_hidden": 8, "max_hidden": 32, "max_width": 28, "node_step": 8}
     for _ in range(60):
         change, record = net.mutate(rng, 0.5, bounds)
-        json.dumps(record)
+        json.dumps(record.to_json())
         assert 1 <= len(net.blocks) <= 3
         assert all(8 <= h <= 32 for h in net.block_sizes) and net.width <= 28
         assert net(x).shape == (32, 3)
@@ -108,7 +108,7 @@ def test_clone_is_independent_of_parent() -> None:
     spec = MutationSpec()
     rng = np.random.default_rng(0)
     for kind in MUTATIONS:
-        MUTATIONS[kind](child, spec, {k: v for k, v in ToyAgent.default_hparams().items()}, rng)
+        MUTATIONS[kind](child, spec, dict(ToyAgent.default_hparams().items()), rng)
     child.train(5)
     child.set_hparams({"lr": 0.02})
     for k, v in parent.net.state_dict().items():
@@ -135,5 +135,5 @@ def test_apply_mutation_records_kind_and_is_seeded() -> None:
         records.append([apply_mutation(agent, MutationSpec(activation=0.2), ToyAgent.default_hparams(), rng)
                         for _ in range(10)])
     assert records[0] == records[1]
-    assert {r["kind"] for r in records[0]} <= set(MUTATIONS)
-    json.dumps(records[0])
+    assert {r.kind for r in records[0]} <= set(MUTATIONS)
+    json.dumps([r.to_json() for r in records[0]])

@@ -33,23 +33,6 @@ def test_replay_snapshot_of_a_generation_is_what_resume_loads(tmp_path) -> None:
     store.restore_replay(again, 0)
     np.testing.assert_array_equal(fresh.sample(4).keys, again.sample(4).keys)
     assert not store.restore_replay(fresh, 3)  # no snapshot for that generation
-    assert store.restore_replay(object(), 0) is False  # stores without load_snapshot are skipped
-
-
-def test_stores_without_snapshot_are_skipped(tmp_path) -> None:
-    store = RunStore.create(tmp_path, "r", "name='r'", {})
-    store.snapshot_replay(None, 0)
-    assert not (store.path / "replay").exists()
-
-
-def test_old_replay_snapshots_are_pruned(tmp_path) -> None:
-    store = RunStore.create(tmp_path, "r", "name='r'", {})
-    replay = _replay()
-    for g in range(3):
-        replay.insert(_rows(2, g))
-        store.snapshot_replay(replay, g)
-    store._prune_replay(2)
-    assert sorted(p.name for p in (store.path / "replay").iterdir()) == ["g0002"]
 
 
 def test_list_runs_skips_half_created_directories(tmp_path) -> None:

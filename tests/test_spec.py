@@ -78,5 +78,6 @@ def test_in_process_error_carries_fields() -> None:
 def test_good_file_resolves_agent_tables() -> None:
     exp, text = load_experiment(TOY_EXPERIMENT)
     assert text == GOOD
-    assert exp.hparam_space()["lr"].scale == "log" and exp.hparam_space()["batch_size"].kind == "int"
-    assert exp.arch()["max_blocks"] == 3 and exp.task()["n_val"] == 128
+    assert exp.hparam_space["lr"].scale == "log" and exp.hparam_space["batch_size"].kind == "int"
+    assert exp.arch["max_blocks"] == 3 and exp.task["n_val"] == 128
+    assert exp.agent_class.__name__ == "ToyAgent"  # resolved once, here

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.base import AgentContext, Evaluation, TorchAgent, load_optimizer_state, optimizer_state
-from evo.evolvable import EvolvableMLP, remap_optimizer
+from evo.agent import AgentContext, Evaluation, TorchAgent
+from evo.evolvable import EvolvableMLP, load_optimizer_state, optimizer_state, remap_optimizer
 from evo.hparams import HParam
+from evo.records import MutationRecord
 
 
 def _dataset(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +68,7 @@ class ToyAgent(TorchAgent):
 
     @classmethod
     def create(cls, arch: dict[str, Any], hparams: dict[str, Any], seed: int, index: int,
-               context: AgentContext) -> "ToyAgent":
+               context: AgentContext) -> ToyAgent:
         agent = cls.__new__(cls)
         agent.index, agent.context = index, context
         agent.arch, agent.hparams = dict(arch), dict(hparams)
@@ -108,30 +109,30 @@ class ToyAgent(TorchAgent):
             mse = float(torch.nn.functional.mse_loss(self.net(self.xv), self.yv))
         return Evaluation(-mse, {"val_mse": mse, "steps": float(self.steps_done)})
 
-    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> dict[str, Any]:
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
         bounds = {k: v for k, v in self.arch.items() if k.startswith(("min_", "max_")) or k == "node_step"}
         change, record = self.net.mutate(rng, new_layer_prob, bounds, self.generator)
         remap_optimizer(self.opt, change)
         self.arch.update(self.net.arch())
         return record
 
-    def set_activation(self, name: str) -> dict[str, Any]:
+    def set_activation(self, name: str) -> MutationRecord:
         remap_optimizer(self.opt, self.net.set_activation(name))
         self.arch["activation"] = name
-        return {"op": "set_activation"}
+        return MutationRecord(op="set_activation", function_preserving=False)
 
     def get_state(self) -> dict[str, Any]:
         return {"index": self.index, "arch": self.arch, "hparams": self.hparams, "steps_done": self.steps_done,
-                "net": self.net.state_dict(), "opt": optimizer_state(self.opt), "rng": self.rng_state()}
+                "net": self.net.state_dict(), "opt": optimizer_state(self.opt, self.net), "rng": self.rng_state()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], context: AgentContext) -> "ToyAgent":
+    def from_state(cls, state: dict[str, Any], context: AgentContext) -> ToyAgent:
         agent = cls.__new__(cls)
         agent.index, agent.context = int(state["index"]), context
         agent.arch, agent.hparams = dict(state["arch"]), dict(state["hparams"])
         agent._build()
         agent.net.load_state_dict(state["net"])
-        load_optimizer_state(agent.opt, state["opt"])
+        load_optimizer_state(agent.opt, agent.net, state["opt"])
         agent.steps_done = int(state["steps_done"])
         agent.restore_rng(state["rng"])
         return agent

@@ -17,7 +17,6 @@ targets), unrolls the model K steps and minimises
 from __future__ import annotations
 
 import copy
-import math
 import time
 from typing import Any
 
@@ -25,14 +24,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agents.base import AgentContext, Evaluation, TorchAgent
 from agents.efficientzero.envs import env_spaces, make_vector_env
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, select_actions
 from agents.efficientzero.model import build_model, set_model_activation
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
 from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
-from evo.evolvable import ACTIVATIONS, EvolvableMLP, ParamChange, remap_optimizer
+from evo.agent import AgentContext, Evaluation, TorchAgent
+from evo.evolvable import ACTIVATIONS, EvolvableMLP, ParamChange, load_optimizer_state, optimizer_state, remap_optimizer
 from evo.hparams import HParam
+from evo.records import MutationRecord
+from evo.replay import Field, Replay, ReplaySpec, Schema, build_replay
 
 __all__ = ["EfficientZeroAgent", "replay_schema"]
 
@@ -53,11 +54,6 @@ TASK_DEFAULTS: dict[str, Any] = {
 
 def replay_schema(obs_shape: tuple[int, ...], num_actions: int):
     """The rows EfficientZero self-play writes to the shared store."""
-    try:
-        from evo.replay import Field, Schema
-    except ImportError:  # the package may not re-export them yet
-        from evo.replay.schema import Field, Schema
-
     return Schema({
         "obs": Field("float32", tuple(obs_shape)),
         "action": Field("int64"),
@@ -68,26 +64,6 @@ def replay_schema(obs_shape: tuple[int, ...], num_actions: int):
         "episode": Field("int64"),
         "step": Field("int64"),
     })
-
-
-def _optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, Any]:
-    """Adam state keyed by parameter *name*: after architecture mutations the optimizer's parameter
-    order differs from a freshly built model's, so positional state dicts would mismatch."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    hyper = {k: (list(v) if isinstance(v, tuple) else v) for k, v in optimizer.param_groups[0].items() if k != "params"}
-    state = {names[id(p)]: {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-             for p, st in optimizer.state.items() if id(p) in names}
-    return {"hyper": hyper, "state": state}
-
-
-def _load_optimizer_state_by_name(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tree: dict[str, Any]) -> None:
-    params = dict(model.named_parameters())
-    for k, v in tree["hyper"].items():
-        optimizer.param_groups[0][k] = tuple(v) if isinstance(v, list) else v
-    for name, st in tree["state"].items():
-        if name not in params:
-            raise ValueError(f"state.optimizer: parameter {name!r} is not in the model built from the saved arch")
-        optimizer.state[params[name]] = {k: (v.clone() if torch.is_tensor(v) else torch.as_tensor(v)) for k, v in st.items()}
 
 
 class EfficientZeroAgent(TorchAgent):
@@ -196,23 +172,17 @@ class EfficientZeroAgent(TorchAgent):
         return out
 
     @classmethod
-    def create_replay(cls, task: dict[str, Any], seed: int, distributed: bool) -> Any:
-        from evo.replay import ReplayStore
-
+    def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec:
+        """Prioritised sequence replay of every member's self-play, linked by episode."""
         task = cls.validate_task(task)
         obs_shape, num_actions = env_spaces(task["env_id"], task["env_kwargs"])
-        schema = replay_schema(obs_shape, num_actions)
-        kwargs = dict(capacity=task["replay_capacity"], sampler="prioritized", alpha=task["priority_alpha"],
-                      beta=task["priority_beta"], seed=seed, episode_field="episode")
-        if distributed:
-            from evo.replay import ReplayService
-
-            return ReplayService.start(schema, **kwargs)
-        return ReplayStore(schema, **kwargs)
+        return ReplaySpec(replay_schema(obs_shape, num_actions), capacity=task["replay_capacity"],
+                          sampler="prioritized", alpha=task["priority_alpha"], beta=task["priority_beta"],
+                          episode_field="episode")
 
     # ---- lifecycle ------------------------------------------------------------------------
     def __init__(self, arch: dict[str, Any], hparams: dict[str, Any], seed: int, index: int,
-                 context: AgentContext, _build: bool = True) -> None:
+                 context: AgentContext) -> None:
         self.index, self.seed, self.context = int(index), int(seed), context
         self.task = self.validate_task(dict(context.task))
         self.arch = self.validate_arch(dict(arch))
@@ -236,15 +206,16 @@ class EfficientZeroAgent(TorchAgent):
         self._eval_envs = None
 
     @property
-    def replay(self) -> Any:
-        """The run's shared store; a private one is made on first use when the context has none."""
+    def replay(self) -> Replay:
+        """The run's shared store; a private in-process one is made on first use when the context has
+        none (an exported agent trained further outside a run)."""
         if self.context.replay is None:
-            self.context.replay = self.create_replay(self.task, self.seed, distributed=False)
+            self.context.replay = build_replay(self.replay_spec(self.task), self.context.seed, distributed=False)
         return self.context.replay
 
     @classmethod
     def create(cls, arch: dict[str, Any], hparams: dict[str, Any], seed: int, index: int,
-               context: AgentContext) -> "EfficientZeroAgent":
+               context: AgentContext) -> EfficientZeroAgent:
         return cls(arch, hparams, seed, index, context)
 
     def networks(self) -> dict[str, torch.nn.Module]:
@@ -493,18 +464,18 @@ class EfficientZeroAgent(TorchAgent):
         keys = ("min_blocks", "max_blocks", "min_hidden", "max_hidden", "min_width", "max_width", "node_step")
         return {k: int(self.arch[k]) for k in keys}
 
-    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> dict[str, Any]:
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
         if hasattr(self.model, "representation"):
             record, change = self._mutate_mlp(rng, new_layer_prob)
         else:
             record, change = self._mutate_conv(rng, new_layer_prob)
-        if record["op"] != "none":
+        if record.op != "none":
             remap_optimizer(self.optimizer, change)
             self.arch.update(self.model.arch())
             self.target_model = copy.deepcopy(self.model)
         return record
 
-    def _mutate_mlp(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[dict[str, Any], ParamChange]:
+    def _mutate_mlp(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[MutationRecord, ParamChange]:
         parts = {"representation": self.model.representation, "dynamics": self.model.dynamics_network.trunk,
                  "prediction": self.model.prediction}
         choice = int(rng.integers(len(parts) + 1))
@@ -512,40 +483,40 @@ class EfficientZeroAgent(TorchAgent):
         if choice == len(parts):
             H = self.model.lstm_hidden_size
             if H + step > int(self.arch["max_lstm_hidden_size"]):
-                return {"op": "none", "reason": "lstm_hidden_size at its bound"}, ParamChange()
+                return MutationRecord.none("lstm_hidden_size at its bound"), ParamChange()
             change = self.model.dynamics_network.widen_lstm(step, self.generator)
             self.model.lstm_hidden_size = H + step
             self.target_model.lstm_hidden_size = H + step
-            return {"op": "widen_lstm", "extra": step, "lstm_hidden_size": H + step, "function_preserving": True}, change
+            return MutationRecord("widen_lstm", {"lstm_hidden_size": [H, H + step]}, True, {"network": "dynamics"}), change
         name = list(parts)[choice]
         mlp: EvolvableMLP = parts[name]
         # the trunk output of representation/dynamics is the latent: its width is the latent size
         bounds = self._bounds()
         change, record = mlp.mutate(rng, new_layer_prob, bounds, self.generator)
-        record["network"] = name
+        record.details["network"] = name
         return record, change
 
-    def _mutate_conv(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[dict[str, Any], ParamChange]:
+    def _mutate_conv(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[MutationRecord, ParamChange]:
         where = "representation" if rng.random() < 0.5 else "dynamics"
         blocks = self.model.rep_blocks if where == "representation" else self.model.dynamics_network.resblocks
         n = len(blocks)
         lo, hi = int(self.arch["min_res_blocks"]), int(self.arch["max_res_blocks"])
         grow = n < hi and (n <= lo or rng.random() < 2 / 3)
         if grow:
-            return ({"op": "add_res_block", "network": where, "blocks": n + 1, "function_preserving": True},
+            return (MutationRecord("add_res_block", {"res_blocks": [n, n + 1]}, True, {"network": where}),
                     self.model.add_res_block(where))
         if n > lo:
-            return ({"op": "remove_res_block", "network": where, "blocks": n - 1, "function_preserving": False},
+            return (MutationRecord("remove_res_block", {"res_blocks": [n, n - 1]}, False, {"network": where}),
                     self.model.remove_res_block(where))
-        return {"op": "none", "reason": "residual block count at its bounds"}, ParamChange()
+        return MutationRecord.none("residual block count at its bounds"), ParamChange()
 
-    def set_activation(self, name: str) -> dict[str, Any]:
+    def set_activation(self, name: str) -> MutationRecord:
         old = self.arch["activation"]
         change = set_model_activation(self.model, name)
         remap_optimizer(self.optimizer, change)
         self.arch["activation"] = name
         self.target_model = copy.deepcopy(self.model)
-        return {"op": "activation", "old": old, "new": name, "function_preserving": old == name}
+        return MutationRecord("set_activation", function_preserving=old == name)
 
     # ---- state ----------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -558,14 +529,14 @@ class EfficientZeroAgent(TorchAgent):
             "task": copy.deepcopy(self.task),
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "target_model": {k: v.detach().clone() for k, v in self.target_model.state_dict().items()},
-            "optimizer": _optimizer_state_by_name(self.optimizer, self.model),
+            "optimizer": optimizer_state(self.optimizer, self.model),
             "rng": self.rng_state(),
             "counters": {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
                          "update_credit": self.update_credit},
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], context: AgentContext) -> "EfficientZeroAgent":
+    def from_state(cls, state: dict[str, Any], context: AgentContext) -> EfficientZeroAgent:
         if state.get("kind", cls.kind) != cls.kind:
             raise ValueError(f"state.kind: expected {cls.kind!r}, found {state.get('kind')!r}")
         if not context.task:
@@ -574,7 +545,7 @@ class EfficientZeroAgent(TorchAgent):
         agent = cls(state["arch"], state["hparams"], int(state["seed"]), int(state["index"]), context)
         agent.model.load_state_dict(state["model"])
         agent.target_model.load_state_dict(state["target_model"])
-        _load_optimizer_state_by_name(agent.optimizer, agent.model, state["optimizer"])
+        load_optimizer_state(agent.optimizer, agent.model, state["optimizer"])
         agent.restore_rng(state["rng"])
         c = state["counters"]
         agent.env_steps, agent.updates, agent.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])

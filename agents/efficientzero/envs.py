@@ -72,7 +72,8 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any] | None = None) -> tuple[t
     env = gym.make(env_id, **dict(env_kwargs or {}))
     try:
         if not isinstance(env.action_space, spaces.Discrete):
-            raise ValueError(f"task.env_id: expected an environment with discrete actions, found {env.action_space} for {env_id!r}")
+            raise ValueError(f"task.env_id: expected an environment with discrete actions, "
+                             f"found {env.action_space} for {env_id!r}")
         if not isinstance(env.observation_space, spaces.Box):
             raise ValueError(f"task.env_id: expected Box observations, found {env.observation_space} for {env_id!r}")
         return tuple(int(s) for s in env.observation_space.shape), int(env.action_space.n)

@@ -19,7 +19,8 @@ Normalisation is LayerNorm by default (BatchNorm cannot update running stats und
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -403,7 +404,8 @@ class EfficientZeroConv(_ModelBase):
         self.rep_blocks = nn.ModuleList(ResBlock(channels, hw, act, norm) for _ in range(int(arch["num_res_blocks"])))
         reward_c = int(arch["reward_head_channels"])
         self.dynamics_network = DynamicsNetwork(
-            obs_shape, action_encoding_dim=action_space_size, num_res_blocks=int(arch["num_res_blocks"] if arch.get("dyn_res_blocks") is None else arch["dyn_res_blocks"]),
+            obs_shape, action_encoding_dim=action_space_size,
+            num_res_blocks=int(arch["num_res_blocks"] if arch.get("dyn_res_blocks") is None else arch["dyn_res_blocks"]),
             num_channels=channels + action_space_size, reward_head_channels=reward_c,
             fc_reward_layers=list(arch["fc_reward_layers"]), output_support_size=2 * self.reward_support + 1,
             flatten_output_size_for_reward_head=reward_c * hw[0] * hw[1], downsample=self.downsample,

@@ -1,7 +1,7 @@
 """`ILQLAgent`: the ILQL learner as an evo population member (the Agent protocol).
 
 The engine creates members from (arch, hparams, seed), trains them on batches drawn from the
-run's shared replay store (the task's offline dataset, loaded once by `create_replay`),
+run's shared replay store (the task's offline dataset, declared by `replay_spec` and loaded once by the run),
 evaluates them by decoding with β = inference_beta, and mutates hyperparameters, depth / FF
 width (function-preserving growth) and the MLP activation. Everything a member is travels in
 `get_state()` as tensors + JSON: weights of every head (both Q heads and both targets), Adam
@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.base import AgentContext, Evaluation, TorchAgent
 from agents.ilql.data import episodes_to_arrays, replay_schema
 from agents.ilql.ilql import ILQL
 from agents.ilql.model import DEFAULT_NET_CONFIG, HF_ACTIVATIONS, check_net_config
 from agents.ilql.tasks import TASKS, make_task, task_defaults
 from agents.ilql.tokenizer import hf_tokenizer, tokenizer_from_json
+from evo.agent import AgentContext, Evaluation, TorchAgent
 from evo.evolvable import remap_optimizer
 from evo.hparams import HParam
+from evo.records import MutationRecord
+from evo.replay import ReplaySpec
 
 __all__ = ["ILQLAgent", "ROW_FIELD"]
 
@@ -104,23 +106,17 @@ class ILQLAgent(TorchAgent):
         return out
 
     @classmethod
-    def create_replay(cls, task: dict[str, Any], seed: int, distributed: bool) -> Any:
-        """Generate the task's offline dataset and load it, once, into the shared replay store."""
-        from evo.replay import ReplayService, ReplayStore
-
-        task = cls.validate_task(task)
-        t = make_task(task)
-        arrays = _dataset_arrays(t)
+    def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec:
+        """The task's offline dataset, generated and loaded once into the shared store."""
+        t = make_task(cls.validate_task(task))
         schema = replay_schema(t.max_tokens, t.max_actions, row_field=ROW_FIELD)
-        settings = {"capacity": len(arrays["tokens"]), "sampler": "uniform", "seed": seed}
-        store = ReplayService.start(schema, **settings) if distributed else ReplayStore(schema, **settings)
-        store.insert(arrays)
-        return store
+        return ReplaySpec(schema, capacity=len(t.episodes()), sampler="uniform",
+                          initial_rows=lambda: _dataset_arrays(t))
 
     # ---- lifecycle ------------------------------------------------------------------------------
     @classmethod
     def create(cls, arch: dict[str, Any], hparams: dict[str, Any], seed: int, index: int,
-               context: AgentContext) -> "ILQLAgent":
+               context: AgentContext) -> ILQLAgent:
         task_cfg = cls.validate_task(context.task)
         task = make_task(task_cfg)
         arch = dict(arch)
@@ -209,7 +205,7 @@ class ILQLAgent(TorchAgent):
         return Evaluation(fitness=float(ilql[task.fitness_metric]), metrics=metrics)
 
     # ---- mutation -------------------------------------------------------------------------------
-    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> dict[str, Any]:
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
         model, a = self.ilql.model, self.arch
         g = torch.Generator().manual_seed(int(rng.integers(2**62)))
         can_add, can_remove = model.n_layer < a["max_layers"], model.n_layer > a["min_layers"]
@@ -219,26 +215,28 @@ class ILQLAgent(TorchAgent):
             op = str(rng.choice(["remove_layer", "widen_ff"])) if can_remove else "widen_ff"
         if op == "add_layer":
             position = int(rng.integers(0, model.n_layer + 1))
+            n_layer = model.n_layer
             change = model.add_layer(position, generator=g)
-            record = {"op": "add_layer", "position": position, "n_layer": model.n_layer, "function_preserving": True}
+            record = MutationRecord("add_layer", {"n_layer": [n_layer, model.n_layer]}, True, {"position": position})
         elif op == "remove_layer":
+            n_layer = model.n_layer
             position, change = model.remove_layer()
-            record = {"op": "remove_layer", "position": position, "n_layer": model.n_layer,
-                      "function_preserving": False, "reason": "dropped the block with the smallest residual outputs"}
+            record = MutationRecord("remove_layer", {"n_layer": [n_layer, model.n_layer]}, False,
+                                    {"position": position, "reason": "dropped the block with the smallest residual outputs"})
         else:
             old = a["dim_feedfwd"]
             extra = max(8, (old // 4) // 8 * 8)
             change = model.widen_ff(extra, generator=g)
-            record = {"op": "widen_ff", "from": old, "to": model.net_config["dim_feedfwd"], "function_preserving": True}
+            record = MutationRecord("widen_ff", {"dim_feedfwd": [old, model.net_config["dim_feedfwd"]]}, True)
         remap_optimizer(self.ilql.optimizer, change)
         self.arch = model.net_config
         return record
 
-    def set_activation(self, name: str) -> dict[str, Any]:
+    def set_activation(self, name: str) -> MutationRecord:
         old = self.arch["activation"]
         remap_optimizer(self.ilql.optimizer, self.ilql.model.set_activation(name))
         self.arch = self.ilql.model.net_config
-        return {"op": "activation", "from": old, "to": name}
+        return MutationRecord("set_activation", function_preserving=old == name)
 
     # ---- state ----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
@@ -253,7 +251,7 @@ class ILQLAgent(TorchAgent):
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], context: AgentContext) -> "ILQLAgent":
+    def from_state(cls, state: dict[str, Any], context: AgentContext) -> ILQLAgent:
         agent = cls.__new__(cls)
         agent.index = int(state["index"])
         agent.context = context

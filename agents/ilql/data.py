@@ -14,8 +14,9 @@ Tokens between actions that are not actions (observations such as Wordle feedbac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +91,8 @@ def validate_dataset(data: dict[str, Any], vocab_size: int | None = None) -> dic
     st = arr["state_idxs"]
     if np.any((st < 0) | (st >= length)):
         row, col = np.argwhere((st < 0) | (st >= length))[0]
-        raise ValueError(f"dataset.state_idxs: expected positions in [0, {length - 1}], found {st[row, col]} at row {row}, slot {col}")
+        raise ValueError(f"dataset.state_idxs: expected positions in [0, {length - 1}], "
+                         f"found {st[row, col]} at row {row}, slot {col}")
     attn = arr["attn_mask"].astype(bool)
     lengths = attn.sum(1)
     if np.any(mask & (act + 1 >= lengths[:, None])):

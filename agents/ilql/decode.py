@@ -8,7 +8,7 @@ top-k filtering and temperature as usual (temperature 0 or top_k = 1 is greedy).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -1,17 +1,18 @@
 """`ILQL`: the learner, with AgileRL's documented constructor and methods.
 
     ILQL(dataset, net_config, index=0, batch_size=64, lr=1e-5, alpha=0.005, beta=0.0, gamma=0.99,
-         tau=0.6, mutation=None, transition_weight=0.0, clip_weight=None, value_max=None,
+         tau=0.6, transition_weight=0.0, clip_weight=None, value_max=None,
          value_min=None, detach_v=False, detach_q=False, detach_pi=False, double_q=True,
          per_token=True, exp_weights=True, dm_margin=0.0, cql_temp=1.0, weight_decay=0.0,
          device='cpu')
 
 `alpha` is the Polyak rate of the target Q heads, `beta` the AWAC temperature used in training,
 `tau` the expectile of the V loss. Unlike AgileRL's, both Q heads and both target heads are saved
-under their own names, and targets are read from the same hidden state as the online heads.
+under their own names, targets are read from the same hidden state as the online heads, and
+there is no `mutation` argument (evo's engine mutates members from outside).
 
-`dataset` is the shared replay store (anything with `sample(batch_size)` returning an object with
-`.data`) or a dict of numpy arrays (see `agents.ilql.data`), or None for inference only.
+`dataset` is a dict of numpy arrays (see `agents.ilql.data`), the shared replay store together
+with a `sample_fn(n, rng)` that draws rows from it (set by `ILQLAgent`), or None for inference only.
 """
 
 from __future__ import annotations
@@ -27,13 +28,15 @@ from agents.ilql.data import FIELDS, to_torch, validate_dataset
 from agents.ilql.losses import ILQLLossConfig, ilql_loss
 from agents.ilql.model import ILQLModel
 from evo.checkpoint import load_state, save_state
+from evo.evolvable import load_optimizer_state, optimizer_state
+from evo.rng import new_streams, restore_streams, streams_state
 
 __all__ = ["ILQL"]
 
 class ILQL:
     def __init__(self, dataset: Any, net_config: dict[str, Any], index: int = 0, batch_size: int = 64,
                  lr: float = 1e-5, alpha: float = 0.005, beta: float = 0.0, gamma: float = 0.99, tau: float = 0.6,
-                 mutation: Any = None, transition_weight: float = 0.0, clip_weight: float | None = None,
+                 transition_weight: float = 0.0, clip_weight: float | None = None,
                  value_max: float | None = None, value_min: float | None = None, detach_v: bool = False,
                  detach_q: bool = False, detach_pi: bool = False, double_q: bool = True, per_token: bool = True,
                  exp_weights: bool = True, dm_margin: float = 0.0, cql_temp: float = 1.0,
@@ -47,7 +50,6 @@ class ILQL:
         self.dataset = dataset
         if isinstance(dataset, dict):
             validate_dataset(dataset, net_config.get("vocab_size"))
-        self.mutation = mutation
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         self.lr, self.weight_decay = float(lr), float(weight_decay)
@@ -59,8 +61,7 @@ class ILQL:
             gamma=gamma, tau=tau, beta=beta, cql_temp=cql_temp, exp_weights=exp_weights, clip_weight=clip_weight,
             transition_weight=transition_weight, value_min=value_min, value_max=value_max, dm_margin=dm_margin,
             v_weight=v_weight, cql_weight=cql_weight, awac_weight=awac_weight, dm_weight=dm_weight)
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self.rng = np.random.default_rng(int(seed))
+        self.generator, self.rng = new_streams(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             self.model = ILQLModel(net_config, double_q=double_q)
@@ -68,8 +69,6 @@ class ILQL:
         self.optimizer = self._make_optimizer()
         self.sample_fn: Any = None  # optional (n, rng) -> batch; set by ILQLAgent for keyed store draws
         self.steps = 0
-        self.scores: list[float] = []
-        self.fitness: list[float] = []
 
     # ---- hyperparameters ------------------------------------------------------------------------
     @property
@@ -134,7 +133,7 @@ class ILQL:
             rows = self.rng.integers(len(self.dataset["tokens"]), size=n)
             data = {k: np.asarray(self.dataset[k])[rows] for k in FIELDS}
         else:
-            data = _store_sample(self.dataset, n, self.rng)
+            raise RuntimeError("ILQL.sample: a replay-store dataset needs a sample_fn (ILQLAgent sets one)")
         return _trim(to_torch(data, self.device))
 
     def learn(self, batch: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
@@ -153,7 +152,7 @@ class ILQL:
         return metrics
 
     # ---- copies and checkpoints ------------------------------------------------------------------
-    def clone(self, index: int | None = None) -> "ILQL":
+    def clone(self, index: int | None = None) -> ILQL:
         twin = ILQL.from_state(self.get_state(), self.dataset, device=str(self.device))
         twin.index = self.index if index is None else index
         return twin
@@ -164,15 +163,13 @@ class ILQL:
             "net_config": json.dumps(self.net_config),
             "init": json.dumps(self.init_dict()),
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": _optimizer_state(self.optimizer, self.model),
-            "rng": {"torch": self.generator.get_state(), "numpy": json.dumps(self.rng.bit_generator.state)},
+            "optimizer": optimizer_state(self.optimizer, self.model),
+            "rng": streams_state(self.generator, self.rng),
             "steps": self.steps,
-            "scores": list(self.scores),
-            "fitness": list(self.fitness),
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], dataset: Any = None, device: str = "cpu") -> "ILQL":
+    def from_state(cls, state: dict[str, Any], dataset: Any = None, device: str = "cpu") -> ILQL:
         init = json.loads(state["init"])
         agent = cls(dataset, json.loads(state["net_config"]), device=device, **init)
         agent.set_state(state)
@@ -181,14 +178,9 @@ class ILQL:
     def set_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict({k: torch.as_tensor(v) for k, v in state["model"].items()}, strict=True)
         self.optimizer = self._make_optimizer()
-        _load_optimizer_state(self.optimizer, self.model, state["optimizer"])
-        self.generator = torch.Generator()
-        self.generator.set_state(state["rng"]["torch"])
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
+        load_optimizer_state(self.optimizer, self.model, state["optimizer"])
+        self.generator, self.rng = restore_streams(state["rng"])
         self.steps = int(state["steps"])
-        self.scores = list(state.get("scores", []))
-        self.fitness = list(state.get("fitness", []))
 
     def save_checkpoint(self, path: str | Path) -> None:
         """safetensors + JSON (a directory), never pickle."""
@@ -212,33 +204,3 @@ def _trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if used < batch["tokens"].shape[1]:
         batch = {**batch, "tokens": batch["tokens"][:, :used], "attn_mask": batch["attn_mask"][:, :used]}
     return batch
-
-
-def _store_sample(store: Any, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Sample from the shared replay store; passes our own rng where the store accepts one."""
-    try:
-        batch = store.sample(n, rng=rng)
-    except TypeError:
-        batch = store.sample(n)
-    return batch.data if hasattr(batch, "data") else batch
-
-
-def _optimizer_state(opt: torch.optim.Optimizer, model: ILQLModel) -> dict[str, Any]:
-    """Adam state keyed by parameter *name*, so it survives architecture changes and reloads."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    state: dict[str, Any] = {}
-    for p, s in opt.state.items():
-        state[names[id(p)]] = {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in s.items()}
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
-    return {"state": state, "groups": json.dumps(groups, default=str)}
-
-
-def _load_optimizer_state(opt: torch.optim.Optimizer, model: ILQLModel, saved: dict[str, Any]) -> None:
-    params = dict(model.named_parameters())
-    for g, hp in zip(opt.param_groups, json.loads(saved["groups"])):
-        for k, v in hp.items():
-            if k in g and (isinstance(v, (int, float, bool)) or v is None):
-                g[k] = v
-    for name, s in saved["state"].items():
-        if name in params:
-            opt.state[params[name]] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}

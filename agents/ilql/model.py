@@ -73,7 +73,8 @@ def check_net_config(net_config: dict[str, Any]) -> dict[str, Any]:
     if cfg["n_embd"] % cfg["n_head"]:
         raise ValueError(f"arch.n_head: expected a divisor of n_embd={cfg['n_embd']}, found {cfg['n_head']}")
     if not cfg["min_layers"] <= cfg["n_layer"] <= cfg["max_layers"]:
-        raise ValueError(f"arch.n_layer: expected within [min_layers={cfg['min_layers']}, max_layers={cfg['max_layers']}], found {cfg['n_layer']}")
+        raise ValueError(f"arch.n_layer: expected within [min_layers={cfg['min_layers']}, "
+                         f"max_layers={cfg['max_layers']}], found {cfg['n_layer']}")
     if not 0.0 <= float(cfg["dropout"]) < 1.0:
         raise ValueError(f"arch.dropout: expected a probability in [0, 1), found {cfg['dropout']!r}")
     if cfg["bias"] is not True:
@@ -228,7 +229,8 @@ class ILQLModel(nn.Module):
 
     def remove_layer(self) -> tuple[int, ParamChange]:
         """Drop the block whose residual output projections are smallest (not function-preserving)."""
-        norms = [float(b.attn.c_proj.weight.detach().norm() + b.mlp.c_proj.weight.detach().norm()) for b in self.gpt.transformer.h]
+        norms = [float(b.attn.c_proj.weight.detach().norm() + b.mlp.c_proj.weight.detach().norm())
+                 for b in self.gpt.transformer.h]
         i = min(range(len(norms)), key=norms.__getitem__)
         block = self.gpt.transformer.h[i]
         del self.gpt.transformer.h[i]

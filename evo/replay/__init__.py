@@ -1,10 +1,11 @@
-"""Shared hash-indexed replay store (issue 3). See docs/replay.md.
+"""Shared hash-indexed replay store. See docs/replay.md.
 
 Implementation modules are private; this package re-exports the public API.
 """
 
 from evo.replay.errors import RateLimited, ReplayError
 from evo.replay.hashing import hash_rows
+from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.schema import Field, Schema
 from evo.replay.service import ReplayService
@@ -21,4 +22,7 @@ __all__ = [
     "ReplayService",
     "ReplayError",
     "hash_rows",
+    "Replay",
+    "ReplaySpec",
+    "build_replay",
 ]

@@ -14,7 +14,7 @@ by comparing content (see ``store.py``), so a collision can never merge two diff
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import xxhash

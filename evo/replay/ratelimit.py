@@ -102,5 +102,5 @@ class RateLimiter:
         }
 
     @classmethod
-    def from_state(cls, d: dict) -> "RateLimiter":
+    def from_state(cls, d: dict) -> RateLimiter:
         return cls(**d)

@@ -6,8 +6,9 @@ written (batch inserts are all-or-nothing).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -142,7 +143,7 @@ class Schema:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping) -> "Schema":
+    def from_json(cls, d: Mapping) -> Schema:
         kf = d.get("key_fields")
         return cls(
             {k: Field(v["dtype"], tuple(v["shape"])) for k, v in d["fields"].items()},

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class ReplayService:
         max_concurrency: int = 8,
         namespace: str | None = None,
         **store_kwargs: Any,
-    ) -> "ReplayService":
+    ) -> ReplayService:
         """Start the actor (``num_cpus=0``) in the current Ray cluster and return a client.
 
         ``rate_limit_timeout_s``: how long a rate-limited insert/sample waits before raising
@@ -153,8 +154,8 @@ class ReplayService:
             raise ReplayError("ReplayService.start needs a running Ray cluster: call ray.init() first")
         if snapshot_every is not None and snapshot_dir is None:
             raise ReplayError("snapshot_every needs snapshot_dir")
-        opts = dict(num_cpus=0, max_restarts=max_restarts, max_task_retries=max_restarts if max_restarts else 0,
-                    max_concurrency=max_concurrency)
+        opts = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": max_restarts if max_restarts else 0,
+                    "max_concurrency": max_concurrency}
         if name is not None:
             opts["name"] = name
             if namespace is not None:
@@ -170,7 +171,7 @@ class ReplayService:
         return cls(actor)
 
     @classmethod
-    def connect(cls, name: str, namespace: str | None = None) -> "ReplayService":
+    def connect(cls, name: str, namespace: str | None = None) -> ReplayService:
         """Client for a service started elsewhere with ``name=``."""
         import ray
 

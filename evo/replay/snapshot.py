@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import uuid
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

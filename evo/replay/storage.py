@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -72,7 +72,8 @@ class ColumnStorage:
         # take() is several times faster than fancy indexing for 2-D columns
         return {name: col.take(slots, axis=0) for name, col in self.columns.items()}
 
-    def equal_rows(self, names: tuple[str, ...], slots: np.ndarray, arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
+    def equal_rows(self, names: tuple[str, ...], slots: np.ndarray, arrays: Mapping[str, np.ndarray],
+                   rows: np.ndarray) -> np.ndarray:
         """Bitwise comparison of stored ``slots`` with ``arrays[...][rows]`` over ``names``."""
         eq = np.ones(len(slots), dtype=bool)
         for name in names:

@@ -14,8 +14,9 @@ Not thread-safe by itself: share it across processes through :class:`evo.replay.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -547,7 +548,7 @@ class ReplayStore:
         storage: str | None = None,
         path: str | os.PathLike | None = None,
         hash_fn: HashFn | None = None,
-    ) -> "ReplayStore":
+    ) -> ReplayStore:
         """The store as of the newest complete snapshot under ``dir`` (incomplete ones are skipped).
 
         ``storage``/``path`` override where the restored columns live (default: as snapshotted; an
@@ -574,7 +575,7 @@ class ReplayStore:
         return path
 
     @classmethod
-    def _from_snapshot(cls, dir, storage, path, hash_fn, custom_only=False) -> tuple["ReplayStore", str]:
+    def _from_snapshot(cls, dir, storage, path, hash_fn, custom_only=False) -> tuple[ReplayStore, str]:
         snap_path, meta, arrays = snap.read_snapshot(dir)
         if custom_only and not meta.get("custom_hash"):
             hash_fn = None

@@ -3,18 +3,21 @@
 A scheduler receives agents and gives back trained agents with their evaluations. Where the work
 runs (this process, Ray actors on other cores, GPUs or machines) is its business alone; the
 generation loop cannot tell the difference, and for the same seed both backends give the same
-results when members do not share mutable state.
+results when members do not share mutable state. Each backend also builds the run's shared
+replay store where its members can reach it (`build_replay`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from agents.base import Agent, AgentContext, Evaluation
+from evo.agent import Agent, Evaluation
+from evo.observer import RunObserver
+from evo.replay.protocol import Replay, ReplaySpec
 
-__all__ = ["Scheduler", "MemberResult", "ProgressCallback", "MemberFailed"]
+__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate"]
 
 
 @dataclass
@@ -26,31 +29,28 @@ class MemberResult:
 
 
 class MemberFailed(RuntimeError):
-    """A member's training or evaluation raised; carries the member index."""
+    """A member's training or evaluation raised (or timed out); carries the member index."""
 
     def __init__(self, index: int, message: str) -> None:
         self.index = index
         super().__init__(f"member {index}: {message}")
 
 
-#: called with (member index, event, details) — events: "training", "done"
-ProgressCallback = Callable[[int, str, dict[str, Any]], None]
-
-
 class Scheduler(Protocol):
-    context: AgentContext
+    @staticmethod
+    def build_replay(spec: ReplaySpec, seed: int) -> Replay:
+        """The run's shared store, placed where this backend's members reach it."""
 
     def run_generation(self, agents: list[Agent], steps: int,
-                       progress: ProgressCallback | None = None) -> list[MemberResult]:
-        """Train each agent for `steps` and evaluate it; results in the order of `agents`."""
+                       observer: RunObserver | None = None) -> list[MemberResult]:
+        """Train each agent for `steps` and evaluate it; results in the order of `agents`.
+        A member that raises or times out surfaces as `MemberFailed`."""
 
     def close(self) -> None:
         """Release workers and services."""
 
 
 def train_and_evaluate(agent: Agent, steps: int) -> tuple[dict[str, float], Evaluation, float]:
-    import time
-
     start = time.perf_counter()
     metrics = agent.train(steps)
     evaluation = agent.evaluate()

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from agents.base import Agent, AgentContext
-from evo.scheduler.base import MemberFailed, MemberResult, ProgressCallback, train_and_evaluate
+from evo.agent import Agent
+from evo.observer import RunObserver
+from evo.replay.protocol import Replay, ReplaySpec, build_replay
+from evo.scheduler.base import MemberFailed, MemberResult, train_and_evaluate
 
 __all__ = ["InlineScheduler"]
 
 
 class InlineScheduler:
-    def __init__(self, context: AgentContext, threads: int | None = 1) -> None:
-        self.context = context
+    def __init__(self, threads: int | None = 1) -> None:
         if threads:
             import torch
 
@@ -18,19 +19,22 @@ class InlineScheduler:
             # (ILQL measured ~10x slower with 2 threads on 2 cores)
             torch.set_num_threads(threads)
 
+    @staticmethod
+    def build_replay(spec: ReplaySpec, seed: int) -> Replay:
+        return build_replay(spec, seed, distributed=False)
+
     def run_generation(self, agents: list[Agent], steps: int,
-                       progress: ProgressCallback | None = None) -> list[MemberResult]:
+                       observer: RunObserver | None = None) -> list[MemberResult]:
+        observer = observer or RunObserver()
         results = []
         for agent in agents:
-            if progress:
-                progress(agent.index, "training", {})
+            observer.member_event(agent.index, "training", {})
             try:
                 metrics, evaluation, wall = train_and_evaluate(agent, steps)
             except Exception as exc:
                 raise MemberFailed(agent.index, f"{type(exc).__name__}: {exc}") from exc
             results.append(MemberResult(agent, evaluation, metrics, wall))
-            if progress:
-                progress(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
+            observer.member_event(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
         return results
 
     def close(self) -> None:

@@ -12,8 +12,10 @@ import os
 import time
 from typing import Any
 
-from agents.base import Agent, AgentContext
-from evo.scheduler.base import MemberFailed, MemberResult, ProgressCallback, train_and_evaluate
+from evo.agent import Agent, AgentContext
+from evo.observer import RunObserver
+from evo.replay.protocol import Replay, ReplaySpec, build_replay
+from evo.scheduler.base import MemberFailed, MemberResult, train_and_evaluate
 
 __all__ = ["RayScheduler", "init_ray"]
 
@@ -37,13 +39,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 class _MemberWorker:
     """A Ray actor that trains whichever member it is handed."""
 
-    def __init__(self, kind: str, context: AgentContext, threads: int) -> None:
+    def __init__(self, agent_class: type[Agent], context: AgentContext, threads: int) -> None:
         import torch
 
-        from agents import agent_class
-
         torch.set_num_threads(max(1, threads))
-        self.cls = agent_class(kind)
+        self.cls = agent_class
         self.context = context
 
     def run(self, state: dict[str, Any], steps: int) -> tuple[dict[str, Any], dict[str, float], Any, float]:
@@ -53,24 +53,27 @@ class _MemberWorker:
 
 
 class RayScheduler:
-    def __init__(self, kind: str, context: AgentContext, num_workers: int, cpus_per_member: float = 1.0,
-                 gpus_per_member: float = 0.0, timeout_s: float = 3600.0) -> None:
+    def __init__(self, agent_class: type[Agent], context: AgentContext, num_workers: int,
+                 cpus_per_member: float = 1.0, gpus_per_member: float = 0.0, timeout_s: float = 3600.0) -> None:
         import ray
 
-        from agents import agent_class
-
         self.context = context
-        self.cls = agent_class(kind)
+        self.cls = agent_class
         self.timeout_s = timeout_s
         actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member)(_MemberWorker)
         worker_context = AgentContext(task=context.task, replay=context.replay,
                                       device="cuda" if gpus_per_member > 0 else context.device, seed=context.seed)
-        self.workers = [actor.remote(kind, worker_context, int(max(1, cpus_per_member))) for _ in range(num_workers)]
+        self.workers = [actor.remote(agent_class, worker_context, int(max(1, cpus_per_member))) for _ in range(num_workers)]
+
+    @staticmethod
+    def build_replay(spec: ReplaySpec, seed: int) -> Replay:
+        return build_replay(spec, seed, distributed=True)
 
     def run_generation(self, agents: list[Agent], steps: int,
-                       progress: ProgressCallback | None = None) -> list[MemberResult]:
+                       observer: RunObserver | None = None) -> list[MemberResult]:
         import ray
 
+        observer = observer or RunObserver()
         pending: dict[Any, int] = {}
         queue = list(range(len(agents)))
         idle = list(self.workers)
@@ -83,8 +86,7 @@ class RayScheduler:
                 worker = idle.pop(0)
                 ref = worker.run.remote(agents[pos].get_state(), steps)
                 pending[ref], busy[ref] = pos, worker
-                if progress:
-                    progress(agents[pos].index, "training", {})
+                observer.member_event(agents[pos].index, "training", {})
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 raise MemberFailed(agents[next(iter(pending.values()))].index,
@@ -99,8 +101,7 @@ class RayScheduler:
             agent = self.cls.from_state(state, self.context)
             agent.index = agents[pos].index
             results[pos] = MemberResult(agent, evaluation, metrics, wall)
-            if progress:
-                progress(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
+            observer.member_event(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
         return [r for r in results if r is not None]
 
     def close(self) -> None:

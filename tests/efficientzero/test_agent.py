@@ -2,10 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-from agents.base import AgentContext
 from agents.efficientzero.agent import EfficientZeroAgent
 from agents.efficientzero.envs import TINY_IMAGE_ID
+from evo.agent import AgentContext
 from evo.checkpoint import load_state, save_state
+from evo.replay import build_replay
 
 SMALL_ARCH = {"latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16, "proj_size": 16,
               "value_support": 10, "reward_support": 5}
@@ -15,7 +16,9 @@ TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay"
 
 def make(seed=0, index=0, arch=None, hp=None, task=None, replay=None):
     task = task or TASK
-    ctx = AgentContext(task=task, replay=replay if replay is not None else EfficientZeroAgent.create_replay(task, 0, False))
+    if replay is None:
+        replay = build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False)
+    ctx = AgentContext(task=task, replay=replay)
     return EfficientZeroAgent.create(arch or SMALL_ARCH, {**FAST_HP, **(hp or {})}, seed, index, ctx)
 
 
@@ -24,7 +27,7 @@ def params(agent):
 
 
 def test_train_reports_named_losses_and_pools_into_the_shared_store():
-    store = EfficientZeroAgent.create_replay(TASK, 0, False)
+    store = build_replay(EfficientZeroAgent.replay_spec(TASK), 0, distributed=False)
     a, b = make(index=0, replay=store), make(seed=1, index=1, replay=store)
     metrics = a.train(60)
     for name in ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistency"):
@@ -34,7 +37,7 @@ def test_train_reports_named_losses_and_pools_into_the_shared_store():
     b.train(20)
     assert len(store) == n + 20  # both members write to the same store
     episodes = store.sample(64).data["episode"]
-    assert set(int(e) >> 40 for e in episodes) <= {0, 1}
+    assert {int(e) >> 40 for e in episodes} <= {0, 1}
     ev = a.evaluate()
     assert ev.fitness == ev.metrics["eval_return"] and ev.fitness > 0
 
@@ -114,9 +117,9 @@ def test_architecture_growth_is_function_preserving():
     for _ in range(12):
         before = _outputs(a, obs)
         record = a.mutate_architecture(rng, new_layer_prob=0.5)
-        assert record["op"] != "none" or "reason" in record
+        assert record.op != "none" or "reason" in record.details
         after = _outputs(a, obs)
-        if record.get("function_preserving"):
+        if record.function_preserving:
             grown += 1
             for x, y in zip(before, after):
                 assert torch.allclose(x, y, atol=1e-6), record
@@ -133,7 +136,7 @@ def test_architecture_growth_is_function_preserving():
 def test_set_activation():
     a = make()
     record = a.set_activation("GELU")
-    assert record["new"] == "GELU" and a.arch["activation"] == "GELU"
+    assert record.op == "set_activation" and a.arch["activation"] == "GELU"
     assert any(isinstance(m, torch.nn.GELU) for m in a.model.modules())
     assert not any(isinstance(m, torch.nn.ReLU) for m in a.model.modules())
     a.train(20)
@@ -170,7 +173,7 @@ def test_conv_variant_on_tiny_image_env():
     metrics = a.train(40)
     assert np.isfinite(metrics["loss_value"]) and a.updates > 0
     record = a.mutate_architecture(np.random.default_rng(1), 0.5)
-    assert record["op"] in ("add_res_block", "remove_res_block", "none")
+    assert record.op in ("add_res_block", "remove_res_block", "none")
     ev = a.evaluate()
     assert -1.0 <= ev.fitness <= 1.0
     b = EfficientZeroAgent.from_state(a.get_state(), a.context)
@@ -180,7 +183,7 @@ def test_conv_variant_on_tiny_image_env():
 @pytest.mark.slow
 def test_small_agent_improves_on_cartpole():
     task = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
-    ctx = AgentContext(task=task, replay=EfficientZeroAgent.create_replay(task, 0, False))
+    ctx = AgentContext(task=task, replay=build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False))
     a = EfficientZeroAgent.create({}, {"discount": 0.99}, 0, 0, ctx)
     start = a.evaluate().fitness
     best = start
@@ -196,6 +199,6 @@ def test_export_and_load(tmp_path):
     a = make()
     a.train(30)
     out = a.export(tmp_path / "export", info={"run": "t", "generation": 1, "fitness": 1.0})
-    b = agents.load(out) if hasattr(agents, "load") else EfficientZeroAgent.load_export(out)
+    b = agents.load(out)
     assert isinstance(b, EfficientZeroAgent) and torch.equal(params(a), params(b))
     assert b.evaluate().fitness == a.evaluate().fitness

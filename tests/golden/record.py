@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

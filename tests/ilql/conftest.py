@@ -18,4 +18,5 @@ def walk_data(walks):
     return episodes_to_arrays(walks.episodes(), walks.max_tokens, walks.max_actions)
 
 
-TINY = dict(vocab_size=22, block_size=16, n_layer=2, n_embd=32, n_head=2, dim_feedfwd=64, min_layers=1, max_layers=4)
+TINY = {"vocab_size": 22, "block_size": 16, "n_layer": 2, "n_embd": 32, "n_head": 2, "dim_feedfwd": 64,
+        "min_layers": 1, "max_layers": 4}

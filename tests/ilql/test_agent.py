@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from agents.base import AgentContext
 from agents.ilql.agent import ILQLAgent
+from evo.agent import AgentContext
 from evo.checkpoint import load_state, save_state
+from evo.replay import build_replay
 
 ARCH = {"n_layer": 2, "n_embd": 32, "n_head": 2, "dim_feedfwd": 64}
 
@@ -16,7 +17,7 @@ ARCH = {"n_layer": 2, "n_embd": 32, "n_head": 2, "dim_feedfwd": 64}
 @pytest.fixture(scope="module")
 def context():
     task = ILQLAgent.validate_task({"task": "randomwalks", "eval_samples": 2})
-    store = ILQLAgent.create_replay(task, seed=0, distributed=False)
+    store = build_replay(ILQLAgent.replay_spec(task), 0, distributed=False)
     return AgentContext(task=task, replay=store, seed=0)
 
 
@@ -76,9 +77,9 @@ def test_architecture_mutations_stay_in_bounds(context):
     rng = np.random.default_rng(0)
     for _ in range(8):
         record = a.mutate_architecture(rng, new_layer_prob=0.5)
-        assert record["op"] in ("add_layer", "remove_layer", "widen_ff")
+        assert record.op in ("add_layer", "remove_layer", "widen_ff")
         assert a.arch["min_layers"] <= a.ilql.model.n_layer <= a.arch["max_layers"]
-        json.dumps(record)
+        json.dumps(record.to_json())
     a.set_activation("Tanh")
     a.perturb_parameters(rng, 0.01)
     assert np.isfinite(a.train(2)["loss"])
@@ -118,7 +119,7 @@ def test_export_refuses_activations_hugging_face_cannot_express(tmp_path, contex
 
 def test_wordle_member_trains_and_reports_return_and_bc():
     task = ILQLAgent.validate_task({"task": "wordle", "n_games": 60, "n_words": 16, "eval_samples": 1})
-    store = ILQLAgent.create_replay(task, seed=0, distributed=False)
+    store = build_replay(ILQLAgent.replay_spec(task), 0, distributed=False)
     assert len(store) == 60
     ctx = AgentContext(task=task, replay=store, seed=0)
     agent = ILQLAgent.create(ILQLAgent.validate_arch({**ARCH, "n_layer": 1}), {"batch_size": 8}, seed=0, index=0,

@@ -4,8 +4,17 @@ import math
 
 import torch
 
-from agents.ilql.losses import (ILQLLossConfig, awac_loss, awac_weights, cql_loss, dm_loss, expectile_loss,
-                                ilql_loss, q_loss, td_target)
+from agents.ilql.losses import (
+    ILQLLossConfig,
+    awac_loss,
+    awac_weights,
+    cql_loss,
+    dm_loss,
+    expectile_loss,
+    ilql_loss,
+    q_loss,
+    td_target,
+)
 
 
 def test_td_target_respects_terminals():

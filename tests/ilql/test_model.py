@@ -1,10 +1,9 @@
 """The ILQL network and learner: targets, checkpoints, function-preserving growth, decoding, data checks."""
 
-import numpy as np
 import pytest
 import torch
 
-from agents.ilql.data import episodes_to_arrays, Episode, validate_dataset
+from agents.ilql.data import Episode, episodes_to_arrays, validate_dataset
 from agents.ilql.decode import ilql_scores, next_token_distribution
 from agents.ilql.ilql import ILQL
 from agents.ilql.model import ILQLModel

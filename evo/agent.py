@@ -7,7 +7,10 @@ its architecture with bounds (`default_arch`); the experiment file may override 
 
 `TorchAgent` supplies the parts that are the same for every PyTorch agent: cloning through the
 state, Gaussian weight noise, applying lr / weight decay to optimizers, RNG bookkeeping and the
-export directory that `agents.load` reads back.
+export directory that `evo.load` reads back.
+
+This module is the engine's side of the seam: agent implementations (agents/, or a user's own
+package) import it; it imports no agent.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from torch import nn
 
 from evo.checkpoint import load_state, save_state
 from evo.hparams import HParam
+from evo.records import MutationRecord
+from evo.replay.protocol import Replay, ReplaySpec
+from evo.rng import new_streams, restore_streams, streams_state
 
-__all__ = ["Agent", "TorchAgent", "AgentContext", "Evaluation", "EXPORT_CONFIG", "clone_tree",
-           "optimizer_state", "load_optimizer_state"]
+__all__ = ["Agent", "TorchAgent", "AgentContext", "Evaluation", "EXPORT_CONFIG", "clone_tree"]
 
 EXPORT_CONFIG = "config.json"
 EXPORT_STATE_DIR = "agent"
@@ -42,14 +47,15 @@ class Evaluation:
 
 @dataclass
 class AgentContext:
-    """What members of one run share: the task settings and the shared replay store.
+    """What members of one run share: the task settings, the run seed and the shared replay store.
 
-    `replay` is an in-process `evo.replay.ReplayStore`, a `ReplayService` client with the same
-    API, or None for agents that need none (and for exported agents loaded outside a run).
+    `replay` is the store the run built from the agent class's `replay_spec` (in this process or
+    a Ray actor; members cannot tell), or None for agents that need none and for exported agents
+    loaded outside a run.
     """
 
     task: dict[str, Any] = field(default_factory=dict)
-    replay: Any = None
+    replay: Replay | None = None
     device: str = "cpu"
     seed: int = 0
 
@@ -88,15 +94,16 @@ class Agent(ABC):
         return {**defaults, **arch}
 
     @classmethod
-    def create_replay(cls, task: dict[str, Any], seed: int, distributed: bool) -> Any:
-        """The run's shared replay store (called once per run, in the driver); None if unused."""
+    def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec | None:
+        """What the run's shared replay store must hold (schema, capacity, sampler, offline rows);
+        None if the agent needs none. The run decides where the store lives."""
         return None
 
     # ---- lifecycle --------------------------------------------------------------------------
     @classmethod
     @abstractmethod
     def create(cls, arch: dict[str, Any], hparams: dict[str, Any], seed: int, index: int,
-               context: AgentContext) -> "Agent":
+               context: AgentContext) -> Agent:
         """A fresh member from an architecture, hyperparameter values and a seed."""
 
     @abstractmethod
@@ -108,22 +115,24 @@ class Agent(ABC):
         """Fitness (higher is better) and named metrics."""
 
     @abstractmethod
-    def clone(self, index: int) -> "Agent":
+    def clone(self, index: int) -> Agent:
         """An independent copy under a new index: weights, optimizer state, RNG and counters."""
 
     @abstractmethod
     def set_hparams(self, values: dict[str, Any]) -> None:
         """Adopt new hyperparameter values (e.g. push lr into the optimizer)."""
 
-    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> dict[str, Any]:
-        """One architecture change, returned as a JSON record. Default: the agent has none."""
-        return {"op": "none", "reason": f"{type(self).__name__} has no architecture mutations"}
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
+        """One architecture change, drawn with `rng`. Default: the agent has none."""
+        return MutationRecord.none(f"{type(self).__name__} has no architecture mutations")
 
-    def perturb_parameters(self, rng: np.random.Generator, sd: float) -> dict[str, Any]:
-        return {"op": "none", "reason": f"{type(self).__name__} has no parameter mutation"}
+    def perturb_parameters(self, rng: np.random.Generator, sd: float) -> MutationRecord:
+        """Noise on the weights, drawn with `rng`. Default: the agent has none."""
+        return MutationRecord.none(f"{type(self).__name__} has no parameter mutation")
 
-    def set_activation(self, name: str) -> dict[str, Any]:
-        return {"op": "none", "reason": f"{type(self).__name__} has no activation mutation"}
+    def set_activation(self, name: str) -> MutationRecord:
+        """Switch the networks' activation to `name`. Default: the agent has none."""
+        return MutationRecord.none(f"{type(self).__name__} has no activation mutation")
 
     @abstractmethod
     def get_state(self) -> dict[str, Any]:
@@ -131,12 +140,12 @@ class Agent(ABC):
 
     @classmethod
     @abstractmethod
-    def from_state(cls, state: dict[str, Any], context: AgentContext) -> "Agent":
+    def from_state(cls, state: dict[str, Any], context: AgentContext) -> Agent:
         """Rebuild a member from `get_state()` output."""
 
     # ---- export ---------------------------------------------------------------------------
     def export(self, out_dir: str | Path, info: dict[str, Any] | None = None) -> Path:
-        """Write a self-contained directory that `agents.load(out_dir)` rebuilds the agent from.
+        """Write a self-contained directory that `evo.load(out_dir)` rebuilds the agent from.
 
         Layout: `agent/` (tensors.safetensors + state.json), `config.json` (kind, class, arch,
         hyperparameters, task) and `README.md` (a short model card).
@@ -152,6 +161,8 @@ class Agent(ABC):
             "arch": self.arch,
             "hparams": self.hparams,
             "task": getattr(self, "context", AgentContext()).task,
+            # evaluation seeds derive from the run seed: an export evaluates as it did in the run
+            "seed": getattr(self, "context", AgentContext()).seed,
             "info": info or {},
         }
         (out / EXPORT_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
@@ -159,11 +170,11 @@ class Agent(ABC):
         return out
 
     @classmethod
-    def load_export(cls, directory: str | Path) -> "Agent":
+    def load_export(cls, directory: str | Path) -> Agent:
         directory = Path(directory)
         config = json.loads((directory / EXPORT_CONFIG).read_text())
         state, _ = load_state(directory / EXPORT_STATE_DIR)
-        return cls.from_state(state, AgentContext(task=config.get("task", {})))
+        return cls.from_state(state, AgentContext(task=config.get("task", {}), seed=int(config.get("seed", 0))))
 
 
 def _model_card(config: dict[str, Any]) -> str:
@@ -177,8 +188,8 @@ def _model_card(config: dict[str, Any]) -> str:
         "Load it with:",
         "",
         "```python",
-        "import agents",
-        "agent = agents.load('THIS_DIRECTORY')",
+        "import evo",
+        "agent = evo.load('THIS_DIRECTORY')",
         "```",
         "",
         "## Architecture",
@@ -231,19 +242,15 @@ class TorchAgent(Agent):
         return []
 
     def init_rng(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self.rng = np.random.default_rng(int(seed))
+        self.generator, self.rng = new_streams(seed)
 
     def rng_state(self) -> dict[str, Any]:
-        return {"torch": self.generator.get_state(), "numpy": json.dumps(self.rng.bit_generator.state)}
+        return streams_state(self.generator, self.rng)
 
     def restore_rng(self, state: dict[str, Any]) -> None:
-        self.generator = torch.Generator()
-        self.generator.set_state(state["torch"])
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = json.loads(state["numpy"])
+        self.generator, self.rng = restore_streams(state)
 
-    def clone(self, index: int) -> "TorchAgent":
+    def clone(self, index: int) -> TorchAgent:
         state = clone_tree(self.get_state())
         twin = type(self).from_state(state, self.context)
         twin.index = index
@@ -257,7 +264,7 @@ class TorchAgent(Agent):
                     if name in values:
                         group[name] = values[name]
 
-    def perturb_parameters(self, rng: np.random.Generator, sd: float) -> dict[str, Any]:
+    def perturb_parameters(self, rng: np.random.Generator, sd: float) -> MutationRecord:
         """Gaussian noise on every weight matrix, N(0, sd · rms(W)): relative, so sd means the same at any scale."""
         g = torch.Generator().manual_seed(int(rng.integers(2**62)))
         count = 0
@@ -270,17 +277,4 @@ class TorchAgent(Agent):
                     noise = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
                     p.add_(noise * (sd * rms))
                     count += p.numel()
-        return {"op": "weight_noise", "sd": sd, "perturbed": count}
-
-
-def optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """`opt.state_dict()` in a checkpointable shape (string keys; tensors stay tensors)."""
-    sd = opt.state_dict()
-    return {"state": {str(k): dict(v) for k, v in sd["state"].items()}, "param_groups": sd["param_groups"]}
-
-
-def load_optimizer_state(opt: torch.optim.Optimizer, data: dict[str, Any]) -> None:
-    """Inverse of `optimizer_state`; tensors are copied so the optimizer never aliases `data`."""
-    state = {int(k): {n: (t.clone() if torch.is_tensor(t) else t) for n, t in v.items()} for k, v in data["state"].items()}
-    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else dict(g) for g in data["param_groups"]]
-    opt.load_state_dict({"state": state, "param_groups": groups})
+        return MutationRecord(op="weight_noise", function_preserving=False, details={"sd": sd, "perturbed": count})

@@ -1,0 +1,96 @@
+"""The replay seam: what a member may call on the shared store (`Replay`), and what an agent kind
+declares it needs (`ReplaySpec`). Where the store lives — in this process or as a Ray actor — is
+the run's choice, made by the scheduler backend from the spec (`build_replay`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from evo.replay.schema import Schema
+
+__all__ = ["Replay", "ReplaySpec", "build_replay"]
+
+
+@runtime_checkable
+class Replay(Protocol):
+    """The shared store as members use it. `ReplayStore` and `ReplayService` both implement it,
+    and `tests/replay/test_contract.py` holds every backend to it."""
+
+    schema: Schema
+
+    def __len__(self) -> int: ...
+
+    def insert(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """Add rows; returns their content keys (duplicates are stored once)."""
+
+    def sample(self, batch_size: int) -> Any:
+        """A `SampleBatch` drawn by the store's sampler (uniform or prioritised)."""
+
+    def sample_sequences(self, batch_size: int, length: int) -> Any:
+        """A `SequenceBatch` of windows along episodes (needs an `episode_field`)."""
+
+    def get(self, keys: Any) -> dict[str, np.ndarray]:
+        """The rows with these keys, in order."""
+
+    def hash(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """The content keys these rows would get, without inserting them."""
+
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        """New priorities for stored rows; returns how many were found."""
+
+    def snapshot(self, dir: str | os.PathLike, keep: int = 2) -> str:
+        """Write a complete, atomic snapshot under `dir`; returns its path."""
+
+    def load_snapshot(self, dir: str | os.PathLike) -> str:
+        """Replace the contents with the newest complete snapshot under `dir`, in place."""
+
+
+@dataclass
+class ReplaySpec:
+    """What an agent kind needs from the run's shared store, built once per run by the backend.
+
+    `initial_rows`, when given, returns the rows to load before training (an offline dataset);
+    it is called once, in the driver.
+    """
+
+    schema: Schema
+    capacity: int
+    sampler: str = "uniform"
+    alpha: float = 0.6
+    beta: float = 0.4
+    episode_field: str | None = None
+    min_size_to_sample: int | None = None
+    samples_per_insert: float | None = None
+    initial_rows: Callable[[], Mapping[str, np.ndarray]] | None = field(default=None, repr=False)
+
+    def store_kwargs(self, seed: int) -> dict[str, Any]:
+        """Keyword arguments of `ReplayStore` (and of `ReplayService.start`) for this spec."""
+        from evo.replay.ratelimit import RateLimiter
+
+        limiter = None
+        if self.min_size_to_sample is not None or self.samples_per_insert is not None:
+            limiter = RateLimiter(min_size_to_sample=self.min_size_to_sample or 1,
+                                  samples_per_insert=self.samples_per_insert)
+        return {"capacity": int(self.capacity), "sampler": self.sampler, "alpha": self.alpha, "beta": self.beta,
+                "seed": int(seed), "episode_field": self.episode_field, "rate_limiter": limiter}
+
+
+def build_replay(spec: ReplaySpec, seed: int, distributed: bool) -> Replay:
+    """The store for `spec`: in this process, or a Ray actor every worker reaches (`distributed`)."""
+    if distributed:
+        from evo.replay.service import ReplayService
+
+        store: Replay = ReplayService.start(spec.schema, **spec.store_kwargs(seed))
+    else:
+        from evo.replay.store import ReplayStore
+
+        store = ReplayStore(spec.schema, **spec.store_kwargs(seed))
+    if spec.initial_rows is not None:
+        store.insert(spec.initial_rows())
+    return store

@@ -1,0 +1,46 @@
+"""Random streams: how a run's randomness is split between members and generations, and how a
+member's streams are saved and restored.
+
+Every member owns two streams, a `torch.Generator` and a `numpy.random.Generator`, and draws
+nothing from global state, so a member restored from its state continues exactly as the original
+would have, in any process.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["member_seed", "generation_rng", "new_streams", "streams_state", "restore_streams"]
+
+
+def member_seed(seed: int, index: int) -> int:
+    """A founder's own seed: independent streams for every (run seed, index) pair."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def generation_rng(seed: int, generation: int) -> np.random.Generator:
+    """The engine's stream for selection and mutation in `generation` (resumes make the same choices)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, generation, 0x5E1EC7]))
+
+
+def new_streams(seed: int) -> tuple[torch.Generator, np.random.Generator]:
+    """A fresh (torch, numpy) pair seeded from one integer."""
+    return torch.Generator().manual_seed(int(seed)), np.random.default_rng(int(seed))
+
+
+def streams_state(generator: torch.Generator, rng: np.random.Generator) -> dict[str, Any]:
+    """Both streams' positions as checkpointable values (a uint8 tensor and a JSON string)."""
+    return {"torch": generator.get_state(), "numpy": json.dumps(rng.bit_generator.state)}
+
+
+def restore_streams(state: dict[str, Any]) -> tuple[torch.Generator, np.random.Generator]:
+    """The streams `streams_state` saved, at exactly the saved positions."""
+    generator = torch.Generator()
+    generator.set_state(state["torch"])
+    rng = np.random.default_rng()
+    rng.bit_generator.state = json.loads(state["numpy"])
+    return generator, rng
