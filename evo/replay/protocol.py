@@ -6,7 +6,7 @@ the run's choice, made by the scheduler backend from the spec (`build_replay`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,8 +55,9 @@ class Replay(Protocol):
 class ReplaySpec:
     """What an agent kind needs from the run's shared store, built once per run by the backend.
 
-    `initial_rows`, when given, returns the rows to load before training (an offline dataset);
-    it is called once, in the driver.
+    `initial_rows`, when given, returns the rows to load before training (an offline dataset):
+    one mapping of arrays, or an iterable of such chunks so that a large file streams into the
+    store without ever being whole in memory. It is called once, in the driver.
     """
 
     schema: Schema
@@ -67,7 +68,8 @@ class ReplaySpec:
     episode_field: str | None = None
     min_size_to_sample: int | None = None
     samples_per_insert: float | None = None
-    initial_rows: Callable[[], Mapping[str, np.ndarray]] | None = field(default=None, repr=False)
+    initial_rows: Callable[[], Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]]] | None = field(
+        default=None, repr=False)
 
     def store_kwargs(self, seed: int) -> dict[str, Any]:
         """Keyword arguments of `ReplayStore` (and of `ReplayService.start`) for this spec."""
@@ -92,5 +94,7 @@ def build_replay(spec: ReplaySpec, seed: int, distributed: bool) -> Replay:
 
         store = ReplayStore(spec.schema, **spec.store_kwargs(seed))
     if spec.initial_rows is not None:
-        store.insert(spec.initial_rows())
+        rows = spec.initial_rows()
+        for chunk in [rows] if isinstance(rows, Mapping) else rows:
+            store.insert(chunk)
     return store
