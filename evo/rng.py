@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["member_seed", "generation_rng", "new_streams", "streams_state", "restore_streams"]
+__all__ = ["member_seed", "generation_rng", "evaluation_seed", "new_streams", "streams_state", "restore_streams"]
 
 
 def member_seed(seed: int, index: int) -> int:
@@ -25,6 +25,16 @@ def member_seed(seed: int, index: int) -> int:
 def generation_rng(seed: int, generation: int) -> np.random.Generator:
     """The engine's stream for selection and mutation in `generation` (resumes make the same choices)."""
     return np.random.default_rng(np.random.SeedSequence([seed, generation, 0x5E1EC7]))
+
+
+def evaluation_seed(seed: int, index: int, progress: int) -> int:
+    """A seed for one evaluation's randomness, from (run seed, member index, training progress).
+
+    Derived from the member's state, not drawn from its streams or a call counter, so
+    `evaluate()` is repeatable: a checkpoint, a clone or an exported agent evaluates exactly as
+    the run did.
+    """
+    return int(np.random.SeedSequence([seed, index, progress, 0xE7A1]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def new_streams(seed: int) -> tuple[torch.Generator, np.random.Generator]:

@@ -1,7 +1,9 @@
 """Each shipped agent through the real `evo` command: run → leaderboard → export → agents.load.
 
-Budgets are tiny (this checks the plumbing, not learning; the agents' own suites and benchmarks
-cover learning). The shipped experiment files are the starting point, so they stay valid.
+Budgets are tiny: this checks the plumbing (tests/efficientzero/test_learning.py and
+tests/ilql/test_learning.py check learning). The shipped experiment files are the starting point,
+so they stay valid. Runs use a non-zero seed because evaluation seeds derive from the run seed:
+with seed 0 an export that lost the seed would still evaluate as in the run.
 """
 
 from __future__ import annotations
@@ -12,19 +14,26 @@ from pathlib import Path
 import pytest
 import tomli_w
 import tomllib
+import torch
 
 import agents
+from evo.cli import main
+from evo.replay.snapshot import read_snapshot
+from evo.runstore import RunStore
 from tests.conftest import REPO, run_evo
+
+SEED = 5
 
 TINY = {
     "cartpole_efficientzero": {
         "population": {"size": 2, "generations": 2, "steps_per_generation": 48},
-        "agent.task": {"num_envs": 2, "eval_episodes": 1, "min_replay": 16},
+        "agent.task": {"num_envs": 2, "eval_episodes": 8, "min_replay": 16},
         "agent.hparams": {"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}},
     },
     "randomwalks_ilql": {
         "population": {"size": 2, "generations": 2, "steps_per_generation": 3},
-        "agent.task": {"eval_samples": 1, "eval_bc": False},
+        # sampled decoding (top_k 0): the fitness depends on the evaluation's random stream
+        "agent.task": {"eval_samples": 1, "eval_bc": False, "eval_top_k": 0},
         "agent.hparams": {"batch_size": 16},
     },
 }
@@ -44,27 +53,49 @@ def tiny_experiment(name: str, directory: Path, backend: str) -> Path:
     return path
 
 
+def leaderboard(name: str, cwd: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    assert main(["leaderboard", name, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_agent_population_end_to_end_inline(tmp_path: Path, name: str) -> None:
+def test_exported_elite_evaluates_exactly_as_in_the_run(tmp_path: Path, name: str, capsys, monkeypatch) -> None:
     tiny_experiment(name, tmp_path, "inline")
-    proc = run_evo(["run", f"{name}.toml"], tmp_path, timeout=600)
+    proc = run_evo(["run", f"{name}.toml", "--seed", str(SEED)], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(run_evo(["leaderboard", name, "--format", "json"], tmp_path, check=True).stdout)
-    assert len(rows) == 2 and rows[0]["fitness"] >= rows[1]["fitness"]
+    rows = leaderboard(name, tmp_path, capsys, monkeypatch)
+    assert len(rows) == 2 and rows[0]["score"] >= rows[1]["score"]
     out = tmp_path / "export"
-    run_evo(["export", name, "--out", str(out)], tmp_path, check=True)
-    agent = agents.load(out)
-    assert agent.index == rows[0]["member"] and agent.hparams == rows[0]["hparams"]
-    assert isinstance(agent.evaluate().fitness, float)
+    assert main(["export", name, "--out", str(out)]) == 0  # in-process: the same code as the command
+    assert json.loads((out / "config.json").read_text())["seed"] == SEED
+    agent = agents.load(out)  # nothing but the exported directory
+    assert agent.index == rows[0]["member"] and agent.hparams == rows[0]["hparams"] and agent.context.seed == SEED
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the inline run evaluated (cpus_per_member = 1)
+    try:
+        assert agent.evaluate().fitness == rows[0]["fitness"]  # the leaderboard's last single evaluation
+        assert agent.evaluate().fitness == rows[0]["fitness"]  # and evaluating changes nothing
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_efficientzero_population_on_ray_shares_one_replay_service(tmp_path: Path) -> None:
+    """Both members write to and sample from the one Ray replay service: the run store's snapshot of
+    it after generation 0 holds episodes of both founders, and its sample counter is exactly the
+    sum of both founders' gradient updates times the batch size."""
     name = "cartpole_efficientzero"
     tiny_experiment(name, tmp_path, "ray")
-    proc = run_evo(["run", f"{name}.toml"], tmp_path, timeout=600)
+    proc = run_evo(["run", f"{name}.toml", "--seed", str(SEED)], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = json.loads(run_evo(["leaderboard", name, "--format", "json"], tmp_path, check=True).stdout)
-    assert len(rows) == 2
-    out = tmp_path / "export"
-    run_evo(["export", name, "--out", str(out)], tmp_path, check=True)
-    assert agents.load(out).index == rows[0]["member"]
+    store = RunStore.open(name, tmp_path / "runs")
+    founders = store.evaluations(0)
+    store.close()
+    assert sorted(ev["index"] for ev in founders) == [0, 1]
+    updates = [int(ev["train_metrics"]["updates"]) for ev in founders]
+    assert all(u > 0 for u in updates), updates
+    _, meta, arrays = read_snapshot(tmp_path / "runs" / name / "replay" / "g0000")
+    episodes = arrays["col.episode"][arrays["live"]]
+    assert {int(e) >> 40 for e in episodes} == {0, 1}  # episode id = member index << 40 | counter
+    assert meta["counters"]["samples"] == sum(updates) * TINY[name]["agent.hparams"]["batch_size"]

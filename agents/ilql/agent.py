@@ -27,6 +27,7 @@ from evo.evolvable import remap_optimizer
 from evo.hparams import HParam
 from evo.records import MutationRecord
 from evo.replay import ReplaySpec
+from evo.rng import evaluation_seed
 
 __all__ = ["ILQLAgent", "ROW_FIELD"]
 
@@ -128,7 +129,6 @@ class ILQLAgent(TorchAgent):
         agent.index, agent.context = index, context
         agent.hparams = hp
         agent.tokenizer_json = task.tokenizer.to_str()
-        agent.evaluations = 0
         dataset = context.replay if context.replay is not None else _local_dataset(task)
         agent.ilql = ILQL(dataset, check_net_config(arch), index=index, device=context.device, seed=seed,
                           **agent._ilql_kwargs(hp))
@@ -191,8 +191,9 @@ class ILQLAgent(TorchAgent):
     def evaluate(self) -> Evaluation:
         cfg = self.validate_task(self.context.task)
         task = make_task(cfg)
-        g = torch.Generator().manual_seed(int(self.context.seed) * 1_000_003 + self.index * 7919 + self.evaluations)
-        self.evaluations += 1
+        # sampling noise from (run seed, index, training progress) only, never from a call counter:
+        # evaluate() changes nothing, so a checkpoint or an export evaluates exactly as the run did
+        g = torch.Generator().manual_seed(evaluation_seed(self.context.seed, self.index, self.ilql.steps))
         kwargs = {k: cfg[k] for k in _TASK_EXTRA[cfg["task"]]}
         ilql = task.evaluate(self.ilql.model, float(self.hparams["inference_beta"]), samples=cfg["eval_samples"],
                              temperature=cfg["eval_temperature"], top_k=cfg["eval_top_k"], generator=g, **kwargs)
@@ -246,7 +247,6 @@ class ILQLAgent(TorchAgent):
             "arch": json.dumps(self.arch),
             "hparams": json.dumps(self.hparams),
             "tokenizer": self.tokenizer_json,
-            "evaluations": self.evaluations,
             "ilql": self.ilql.get_state(),
         }
 
@@ -257,7 +257,6 @@ class ILQLAgent(TorchAgent):
         agent.context = context
         agent.hparams = json.loads(state["hparams"])
         agent.tokenizer_json = state["tokenizer"]
-        agent.evaluations = int(state["evaluations"])
         dataset = context.replay
         if dataset is None and context.task:
             dataset = _local_dataset(make_task(cls.validate_task(context.task)))
