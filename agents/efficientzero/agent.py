@@ -1,17 +1,20 @@
-"""EfficientZero as an evo population member.
+"""EfficientZero as an evo population member: the wiring.
 
-One `train(steps)` call is one game segment per vector env: the envs are reset from the
-member's own RNG, `steps` environment steps are collected with batched MCTS over all envs at
-once, finished episodes (and every `segment_length` rows of long ones) go to the run's shared
-replay store, and gradient updates are interleaved at `replay_ratio` updates per env step.
-Because segments start from fresh resets drawn from the member's RNG, `get_state()` between
-calls captures everything: a restored member continues exactly as the original would.
+The agent declares what may evolve (hyperparameters, architecture knobs and their bounds), checks
+the experiment's tables, and owns the member's state: model, target model, Adam, RNGs, counters.
+The work is done elsewhere:
 
-An update samples prioritised sequence windows of K + 1 + td_steps rows, recomputes n-step value
-targets with the target network (reanalyse; optionally re-searches a fraction of the policy
-targets), unrolls the model K steps and minimises
+* `selfplay.SelfPlay` collects game segments into the run's shared replay and plays evaluation
+  episodes;
+* `learner` samples sequence windows, builds targets and takes one gradient step
+  (`learner.update`, whose loss `learner.loss_terms` is a pure function of parameters);
+* the model variant (`model.EfficientZeroMLP` / `EfficientZeroConv`) applies its own
+  architecture mutations.
 
-    loss = w_p * loss_policy + w_v * loss_value + w_vp * loss_value_prefix + w_c * loss_consistency
+`train(steps)` is one game segment per vector env with `replay_ratio` updates interleaved per env
+step once the store holds `min_replay` rows. Segments start from fresh resets drawn from the
+member's RNG, so `get_state()` between calls captures everything: a restored member continues
+exactly as the original would.
 """
 
 from __future__ import annotations
@@ -22,22 +25,18 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from agents.efficientzero.envs import env_spaces, make_vector_env
-from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, select_actions
-from agents.efficientzero.model import build_model, set_model_activation
-from agents.efficientzero.support import scalar_to_support, support_to_scalar
-from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
+from agents.efficientzero import learner
+from agents.efficientzero.envs import env_spaces
+from agents.efficientzero.model import build_model
+from agents.efficientzero.selfplay import SelfPlay, replay_schema
 from evo.agent import AgentContext, Evaluation, TorchAgent
-from evo.evolvable import ACTIVATIONS, EvolvableMLP, ParamChange, load_optimizer_state, optimizer_state, remap_optimizer
+from evo.evolvable import ACTIVATIONS, load_optimizer_state, optimizer_state, remap_optimizer
 from evo.hparams import HParam
 from evo.records import MutationRecord
-from evo.replay import Field, Replay, ReplaySpec, Schema, build_replay
+from evo.replay import Replay, ReplaySpec, build_replay
 
 __all__ = ["EfficientZeroAgent", "replay_schema"]
-
-EPISODE_SHIFT = 40
 
 TASK_DEFAULTS: dict[str, Any] = {
     "env_id": "CartPole-v1",
@@ -50,20 +49,6 @@ TASK_DEFAULTS: dict[str, Any] = {
     "priority_alpha": 0.6,
     "priority_beta": 0.4,
 }
-
-
-def replay_schema(obs_shape: tuple[int, ...], num_actions: int):
-    """The rows EfficientZero self-play writes to the shared store."""
-    return Schema({
-        "obs": Field("float32", tuple(obs_shape)),
-        "action": Field("int64"),
-        "reward": Field("float32"),
-        "terminal": Field("bool"),
-        "policy": Field("float32", (num_actions,)),
-        "root_value": Field("float32"),
-        "episode": Field("int64"),
-        "step": Field("int64"),
-    })
 
 
 class EfficientZeroAgent(TorchAgent):
@@ -198,12 +183,11 @@ class EfficientZeroAgent(TorchAgent):
         self.target_model = copy.deepcopy(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hparams["lr"],
                                           weight_decay=self.hparams["weight_decay"])
+        self.selfplay = SelfPlay(self.task)
         self.env_steps = 0
         self.updates = 0
-        self.episodes = 0
         self.update_credit = 0.0
-        self._envs = None
-        self._eval_envs = None
+        self._replay_ready = False
 
     @property
     def replay(self) -> Replay:
@@ -230,289 +214,62 @@ class EfficientZeroAgent(TorchAgent):
             raise ValueError(f"hparams.{unknown[0]}: unknown hyperparameter for efficientzero")
         super().set_hparams(values)
 
-    def _mcts(self, simulations: int | None = None) -> BatchedMCTS:
-        hp = self.hparams
-        return BatchedMCTS(MCTSConfig(num_simulations=int(simulations or hp["num_simulations"]),
-                                      discount=float(hp["discount"]), lstm_horizon_len=int(hp["lstm_horizon_len"]),
-                                      dirichlet_alpha=float(hp["dirichlet_alpha"]),
-                                      exploration_fraction=float(hp["exploration_fraction"])))
-
-    # ---- self-play ------------------------------------------------------------------------
-    def _new_episode_id(self) -> int:
-        self.episodes += 1
-        return (self.index << EPISODE_SHIFT) | self.episodes
-
+    # ---- training and evaluation ------------------------------------------------------------
     def train(self, steps: int) -> dict[str, float]:
         torch.set_num_threads(1)
-        n = int(self.task["num_envs"])
-        if self._envs is None:
-            self._envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
-        envs = self._envs
-        obs, _ = envs.reset(seed=int(self.rng.integers(2**31)))
-        buffers = [self._empty_rows() for _ in range(n)]
-        ep_ids = [self._new_episode_id() for _ in range(n)]
-        ep_steps = [0] * n
-        returns = np.zeros(n)
-        finished: list[float] = []
-        metrics_acc: dict[str, list[float]] = {}
-        mcts = self._mcts()
+        learned: dict[str, list[float]] = {}
         t0 = time.perf_counter()
-        collected = 0
-        self.model.eval()
-        while collected < steps:
-            result = mcts.run(self.model, torch.as_tensor(obs, dtype=torch.float32), self.rng, add_noise=True)
-            actions = select_actions(result.visit_counts, float(self.hparams["collect_temperature"]), self.rng)
-            next_obs, reward, term, trunc, _ = envs.step(actions)
-            for i in range(n):
-                rows = buffers[i]
-                rows["obs"].append(np.asarray(obs[i], dtype=np.float32))
-                rows["action"].append(int(actions[i]))
-                rows["reward"].append(float(reward[i]))
-                rows["terminal"].append(bool(term[i]))
-                rows["policy"].append(result.policy[i].astype(np.float32))
-                rows["root_value"].append(float(result.root_values[i]))
-                rows["step"].append(ep_steps[i])
-                ep_steps[i] += 1
-                returns[i] += reward[i]
-                if term[i] or trunc[i]:
-                    finished.append(float(returns[i]))
-                    returns[i] = 0.0
-                    self._flush(rows, ep_ids[i])
-                    buffers[i] = self._empty_rows()
-                    ep_ids[i], ep_steps[i] = self._new_episode_id(), 0
-                elif len(rows["obs"]) >= self.task["segment_length"]:
-                    self._flush(rows, ep_ids[i])
-                    buffers[i] = self._empty_rows()
-                    ep_ids[i] = self._new_episode_id()
-            obs = next_obs
-            collected += n
-            self.env_steps += n
-            self.update_credit += n * float(self.hparams["replay_ratio"])
-            while self.update_credit >= 1.0 and self._replay_ready():
-                self.update_credit -= 1.0
-                for k, v in self.update().items():
-                    metrics_acc.setdefault(k, []).append(v)
-            self.update_credit = min(self.update_credit, 4.0 * n)  # no burst of stale credit before data exists
-        for i in range(n):
-            if buffers[i]["obs"]:
-                self._flush(buffers[i], ep_ids[i])
-        self.model.eval()
-        out = {k: float(np.mean(v)) for k, v in metrics_acc.items()}
+        finished = self.selfplay.collect(self.model, self.hparams, self.rng, self.replay, self.index, steps,
+                                         lambda n: self._learn_after(n, learned))
+        out = {k: float(np.mean(v)) for k, v in learned.items()}
         out.update({"env_steps": float(self.env_steps), "updates": float(self.updates),
                     "train_episodes": float(len(finished)), "train_seconds": time.perf_counter() - t0})
         if finished:  # none finish when every episode outlives steps / num_envs
             out["train_episode_return"] = float(np.mean(finished))
         return out
 
-    def _replay_ready(self) -> bool:
+    def _learn_after(self, env_steps: int, learned: dict[str, list[float]]) -> None:
+        """Earn `replay_ratio` updates per env step; spend them once the store holds `min_replay` rows."""
+        self.env_steps += env_steps
+        self.update_credit += env_steps * float(self.hparams["replay_ratio"])
+        while self.update_credit >= 1.0 and self._ready():
+            self.update_credit -= 1.0
+            for k, v in self.update().items():
+                learned.setdefault(k, []).append(v)
+        self.update_credit = min(self.update_credit, 4.0 * env_steps)  # no burst of stale credit before data exists
+
+    def _ready(self) -> bool:
         """Enough rows to learn from? (Remembered once true: len() is a round trip to a Ray store.)"""
-        if not getattr(self, "_ready", False):
-            self._ready = len(self.replay) >= max(int(self.task["min_replay"]), 1)
-        return self._ready
+        if not self._replay_ready:
+            self._replay_ready = len(self.replay) >= max(int(self.task["min_replay"]), 1)
+        return self._replay_ready
 
-    @staticmethod
-    def _empty_rows() -> dict[str, list]:
-        return {k: [] for k in ("obs", "action", "reward", "terminal", "policy", "root_value", "step")}
-
-    def _flush(self, rows: dict[str, list], episode: int) -> None:
-        if not rows["obs"]:
-            return
-        batch = {
-            "obs": np.stack(rows["obs"]).astype(np.float32),
-            "action": np.asarray(rows["action"], dtype=np.int64),
-            "reward": np.asarray(rows["reward"], dtype=np.float32),
-            "terminal": np.asarray(rows["terminal"], dtype=bool),
-            "policy": np.stack(rows["policy"]).astype(np.float32),
-            "root_value": np.asarray(rows["root_value"], dtype=np.float32),
-            "episode": np.full(len(rows["obs"]), episode, dtype=np.int64),
-            "step": np.asarray(rows["step"], dtype=np.int64),
-        }
-        self.replay.insert(batch)
-
-    # ---- learning -------------------------------------------------------------------------
     def update(self) -> dict[str, float]:
-        hp = self.hparams
-        K, n_td, H = int(hp["num_unroll_steps"]), int(hp["td_steps"]), int(hp["lstm_horizon_len"])
-        B = int(hp["batch_size"])
-        L = K + 1 + n_td
-        seq = self.replay.sample_sequences(B, L)
-        data, mask = seq.data, np.asarray(seq.mask, dtype=bool)
-        obs = torch.as_tensor(np.asarray(data["obs"]), dtype=torch.float32)
-        B = obs.shape[0]
-        model, target = self.model, self.target_model
-        model.train()
-
-        with torch.no_grad():
-            flat = obs.reshape(B * L, *obs.shape[2:])
-            _, tv_logits = target.predict(target.represent(flat))
-            boot = support_to_scalar(tv_logits, target.value_support).reshape(B, L).numpy()
-        rewards = np.asarray(data["reward"], dtype=np.float64)
-        terminals = np.asarray(data["terminal"], dtype=bool)
-        z, valid = nstep_value_targets(rewards, terminals, mask, boot, float(hp["discount"]), n_td, K + 1)
-        vp = value_prefix_targets(rewards, mask, H, K)
-        policy_t = np.asarray(data["policy"], dtype=np.float32)[:, : K + 1].copy()
-        if float(hp["reanalyse_ratio"]) > 0:
-            policy_t = self._reanalyse_policy(obs[:, : K + 1], policy_t, valid)
-
-        actions = torch.as_tensor(np.asarray(data["action"]), dtype=torch.long)[:, :K]
-        z_t = torch.as_tensor(z, dtype=torch.float32)
-        vp_t = torch.as_tensor(vp, dtype=torch.float32)
-        pi_t = torch.as_tensor(policy_t)
-        valid_t = torch.as_tensor(valid, dtype=torch.float32)
-        mask_t = torch.as_tensor(mask[:, :K], dtype=torch.float32)
-        weights = torch.as_tensor(np.asarray(seq.weights), dtype=torch.float32)
-        # the store normalises by the smallest priority ever stored, which can make every weight tiny;
-        # normalising by the batch's largest weight (as LightZero does) keeps the step size meaningful
-        weights = weights / weights.max().clamp_min(1e-12)
-        value_target = scalar_to_support(z_t, model.value_support)       # [B, K+1, bins]
-        prefix_target = scalar_to_support(vp_t, model.reward_support)    # [B, K, bins]
-
-        with torch.no_grad():  # consistency targets: projections of the real next observations
-            nxt = obs[:, 1 : K + 1].reshape(B * K, *obs.shape[2:])
-            proj_target = model.project(model.represent(nxt)).reshape(B, K, -1)
-
-        latent = model.represent(obs[:, 0])
-        policy_logits, value_logits = model.predict(latent)
-        root_value = support_to_scalar(value_logits.detach(), model.value_support)
-        loss_value = -(value_target[:, 0] * F.log_softmax(value_logits, -1)).sum(-1) * valid_t[:, 0]
-        loss_policy = -(pi_t[:, 0] * F.log_softmax(policy_logits, -1)).sum(-1) * valid_t[:, 0]
-        loss_prefix = torch.zeros(B)
-        loss_consistency = torch.zeros(B)
-        hidden = model.initial_hidden(B)
-        for k in range(1, K + 1):
-            latent, hidden, prefix_logits = model.dynamics(latent, actions[:, k - 1], hidden)
-            if latent.requires_grad:
-                latent.register_hook(lambda g: g * 0.5)  # MuZero: halve the gradient through the dynamics
-            policy_logits, value_logits = model.predict(latent)
-            loss_prefix = loss_prefix - (prefix_target[:, k - 1] * F.log_softmax(prefix_logits, -1)).sum(-1) * mask_t[:, k - 1]
-            loss_value = loss_value - (value_target[:, k] * F.log_softmax(value_logits, -1)).sum(-1) * valid_t[:, k]
-            loss_policy = loss_policy - (pi_t[:, k] * F.log_softmax(policy_logits, -1)).sum(-1) * valid_t[:, k]
-            pred = model.project_predict(model.project(latent))
-            cos = F.cosine_similarity(pred, proj_target[:, k - 1], dim=-1)
-            loss_consistency = loss_consistency - cos * valid_t[:, k]
-            if k % H == 0:
-                hidden = model.initial_hidden(B)
-
-        losses = {
-            "loss_value": (weights * loss_value).mean(),
-            "loss_policy": (weights * loss_policy).mean(),
-            "loss_value_prefix": (weights * loss_prefix).mean(),
-            "loss_consistency": (weights * loss_consistency).mean(),
-        }
-        total = (float(hp["value_weight"]) * losses["loss_value"] + float(hp["policy_weight"]) * losses["loss_policy"]
-                 + float(hp["value_prefix_weight"]) * losses["loss_value_prefix"]
-                 + float(hp["consistency_weight"]) * losses["loss_consistency"])
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
-        self.optimizer.step()
-        model.eval()
+        """One gradient update from the shared replay (see `learner`)."""
+        batch = learner.sample_batch(self.replay, self.target_model, self.hparams, self.rng)
+        metrics = learner.update(self.model, self.target_model, self.optimizer, self.replay, batch, self.hparams,
+                                 step=self.updates + 1)
         self.updates += 1
-        if self.updates % int(hp["target_update_interval"]) == 0:
-            self.target_model.load_state_dict(model.state_dict())
+        return metrics
 
-        priorities = np.abs(root_value.numpy() - z[:, 0]) + 1e-6
-        self.replay.update_priorities(np.asarray(seq.keys), priorities)
-        out = {k: float(v.detach()) for k, v in losses.items()}
-        out.update({"loss_total": float(total.detach()), "grad_norm": float(grad_norm),
-                    "target_value_mean": float(z[:, 0].mean())})
-        return out
-
-    def _reanalyse_policy(self, obs: torch.Tensor, policy: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Re-search a `reanalyse_ratio` share of the batch with the target model (fresher policy targets)."""
-        B, P = policy.shape[:2]
-        count = int(round(float(self.hparams["reanalyse_ratio"]) * B))
-        if count == 0:
-            return policy
-        rows = np.sort(self.rng.choice(B, size=count, replace=False))
-        sub = obs[torch.as_tensor(rows)].reshape(count * P, *obs.shape[2:])
-        result = self._mcts().run(self.target_model, sub, self.rng, add_noise=False)
-        fresh = result.policy.reshape(count, P, -1).astype(np.float32)
-        keep = valid[rows][..., None]
-        policy[rows] = np.where(keep, fresh, policy[rows])
-        return policy
-
-    # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self) -> Evaluation:
         torch.set_num_threads(1)
-        n = int(self.task["eval_episodes"])
-        if self._eval_envs is None:
-            self._eval_envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
-        envs = self._eval_envs
-        # the same evaluation seeds for every member of a run: fitness is comparable
-        obs, _ = envs.reset(seed=int(self.context.seed) * 7919 + 12345)
-        returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
-        done = np.zeros(n, dtype=bool)
-        sims = int(self.hparams["eval_simulations"]) or int(self.hparams["num_simulations"])
-        mcts = self._mcts(sims)
-        self.model.eval()
-        while not done.all():
-            result = mcts.run(self.model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False)
-            actions = select_actions(result.visit_counts, 0.0, None)
-            obs, reward, term, trunc, _ = envs.step(actions)
-            live = ~done
-            returns[live] += reward[live]
-            lengths[live] += 1
-            done |= term | trunc
-        return Evaluation(fitness=float(returns.mean()),
-                          metrics={"eval_return": float(returns.mean()), "eval_return_std": float(returns.std()),
-                                   "eval_length": float(lengths.mean()), "env_steps": float(self.env_steps),
-                                   "updates": float(self.updates)})
+        metrics = self.selfplay.evaluate(self.model, self.hparams, self.context.seed)
+        metrics.update({"env_steps": float(self.env_steps), "updates": float(self.updates)})
+        return Evaluation(fitness=metrics["eval_return"], metrics=metrics)
 
     # ---- evolution ------------------------------------------------------------------------
-    def _bounds(self) -> dict[str, int]:
-        keys = ("min_blocks", "max_blocks", "min_hidden", "max_hidden", "min_width", "max_width", "node_step")
-        return {k: int(self.arch[k]) for k in keys}
-
     def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
-        if hasattr(self.model, "representation"):
-            record, change = self._mutate_mlp(rng, new_layer_prob)
-        else:
-            record, change = self._mutate_conv(rng, new_layer_prob)
+        record, change = self.model.mutate_architecture(rng, new_layer_prob, self.arch, self.generator)
         if record.op != "none":
             remap_optimizer(self.optimizer, change)
             self.arch.update(self.model.arch())
             self.target_model = copy.deepcopy(self.model)
         return record
 
-    def _mutate_mlp(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[MutationRecord, ParamChange]:
-        parts = {"representation": self.model.representation, "dynamics": self.model.dynamics_network.trunk,
-                 "prediction": self.model.prediction}
-        choice = int(rng.integers(len(parts) + 1))
-        step = int(self.arch["node_step"])
-        if choice == len(parts):
-            H = self.model.lstm_hidden_size
-            if H + step > int(self.arch["max_lstm_hidden_size"]):
-                return MutationRecord.none("lstm_hidden_size at its bound"), ParamChange()
-            change = self.model.dynamics_network.widen_lstm(step, self.generator)
-            self.model.lstm_hidden_size = H + step
-            self.target_model.lstm_hidden_size = H + step
-            return MutationRecord("widen_lstm", {"lstm_hidden_size": [H, H + step]}, True, {"network": "dynamics"}), change
-        name = list(parts)[choice]
-        mlp: EvolvableMLP = parts[name]
-        # the trunk output of representation/dynamics is the latent: its width is the latent size
-        bounds = self._bounds()
-        change, record = mlp.mutate(rng, new_layer_prob, bounds, self.generator)
-        record.details["network"] = name
-        return record, change
-
-    def _mutate_conv(self, rng: np.random.Generator, new_layer_prob: float) -> tuple[MutationRecord, ParamChange]:
-        where = "representation" if rng.random() < 0.5 else "dynamics"
-        blocks = self.model.rep_blocks if where == "representation" else self.model.dynamics_network.resblocks
-        n = len(blocks)
-        lo, hi = int(self.arch["min_res_blocks"]), int(self.arch["max_res_blocks"])
-        grow = n < hi and (n <= lo or rng.random() < 2 / 3)
-        if grow:
-            return (MutationRecord("add_res_block", {"res_blocks": [n, n + 1]}, True, {"network": where}),
-                    self.model.add_res_block(where))
-        if n > lo:
-            return (MutationRecord("remove_res_block", {"res_blocks": [n, n - 1]}, False, {"network": where}),
-                    self.model.remove_res_block(where))
-        return MutationRecord.none("residual block count at its bounds"), ParamChange()
-
     def set_activation(self, name: str) -> MutationRecord:
         old = self.arch["activation"]
-        change = set_model_activation(self.model, name)
+        change = self.model.set_activation(name)
         remap_optimizer(self.optimizer, change)
         self.arch["activation"] = name
         self.target_model = copy.deepcopy(self.model)
@@ -531,7 +288,7 @@ class EfficientZeroAgent(TorchAgent):
             "target_model": {k: v.detach().clone() for k, v in self.target_model.state_dict().items()},
             "optimizer": optimizer_state(self.optimizer, self.model),
             "rng": self.rng_state(),
-            "counters": {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.episodes,
+            "counters": {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.selfplay.episodes,
                          "update_credit": self.update_credit},
         }
 
@@ -548,6 +305,7 @@ class EfficientZeroAgent(TorchAgent):
         load_optimizer_state(agent.optimizer, agent.model, state["optimizer"])
         agent.restore_rng(state["rng"])
         c = state["counters"]
-        agent.env_steps, agent.updates, agent.episodes = int(c["env_steps"]), int(c["updates"]), int(c["episodes"])
+        agent.env_steps, agent.updates = int(c["env_steps"]), int(c["updates"])
+        agent.selfplay.episodes = int(c["episodes"])
         agent.update_credit = float(c["update_credit"])
         return agent

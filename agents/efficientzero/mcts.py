@@ -22,6 +22,7 @@ Rules (MuZero / EfficientZero):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,14 @@ class MCTSConfig:
     dirichlet_alpha: float = 0.3
     exploration_fraction: float = 0.25
     value_min_max_delta: float = 0.01
+
+    @classmethod
+    def from_hparams(cls, hp: Mapping[str, Any], num_simulations: int | None = None) -> MCTSConfig:
+        """The search an EfficientZero member runs with its hyperparameters (`num_simulations`, `discount`,
+        `lstm_horizon_len`, `dirichlet_alpha`, `exploration_fraction`); `num_simulations` overrides."""
+        return cls(num_simulations=int(num_simulations or hp["num_simulations"]), discount=float(hp["discount"]),
+                   lstm_horizon_len=int(hp["lstm_horizon_len"]), dirichlet_alpha=float(hp["dirichlet_alpha"]),
+                   exploration_fraction=float(hp["exploration_fraction"]))
 
 
 @dataclass

@@ -10,17 +10,25 @@ Every model exposes the same five functions the search and the learner use:
     proj                 = model.project(latent)                      # target branch (stop-grad by caller)
     pred                 = model.project_predict(model.project(latent))
 
+Calling a model, `model(obs, actions, lstm_horizon_len) -> Unroll`, is the learner's forward pass:
+the K-step unroll from the first observation of each window along the replayed actions. It is the
+one method `torch.func.functional_call` runs, so the learner's loss can be evaluated with any
+parameters (and vmapped over stacked members).
+
 Hidden states of the value-prefix LSTM are (h, c) tensors of shape [B, H]. The LSTM cell is built
 from two Linear layers, so every model works under `torch.func.vmap` (nn.LSTM has no vmap rule).
 Normalisation is LayerNorm by default (BatchNorm cannot update running stats under vmap);
 `DynamicsNetwork` also accepts norm_type='BN' as documented.
+
+Each variant owns its architecture mutations: `mutate_architecture(rng, new_layer_prob, bounds,
+generator) -> (MutationRecord, ParamChange)`, and `set_activation(name) -> ParamChange`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from evo.evolvable import ACTIVATIONS, EvolvableMLP, ParamChange, make_activation
+from evo.records import MutationRecord
 
 __all__ = [
     "LSTMCell",
@@ -36,6 +45,7 @@ __all__ = [
     "MLPDynamicsNetwork",
     "EfficientZeroMLP",
     "EfficientZeroConv",
+    "Unroll",
     "build_model",
     "set_model_activation",
 ]
@@ -306,6 +316,21 @@ class _Projection(nn.Module):
                                              _act(activation), nn.Linear(proj_size // 2, proj_size))
 
 
+class Unroll(NamedTuple):
+    """The outputs of a K-step unroll (lists hold one [B, ...] tensor per step, kept apart rather than
+    stacked so the learner's loss and its gradient are computed exactly as step-by-step code would)."""
+
+    policy_logits: list[torch.Tensor]          # K+1: at the first observation, then after each action
+    value_logits: list[torch.Tensor]           # K+1
+    value_prefix_logits: list[torch.Tensor]    # K: after each action
+    predicted_projections: list[torch.Tensor]  # K: project_predict(project(latent_k))
+    target_projections: torch.Tensor           # [B, K, P]: project(represent(obs_k)), no gradient
+
+
+def _halve_gradient(grad: torch.Tensor) -> torch.Tensor:
+    return grad * 0.5
+
+
 class _ModelBase(nn.Module):
     action_space_size: int
     value_support: int
@@ -322,6 +347,48 @@ class _ModelBase(nn.Module):
 
     def project_predict(self, proj: torch.Tensor) -> torch.Tensor:
         return self.proj.prediction_head(proj)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, lstm_horizon_len: int) -> Unroll:
+        """Unroll K = actions.shape[1] steps from obs[:, 0] along `actions` [B, K]; obs is [B, K+1, ...].
+
+        The consistency targets (projections of the real observations obs[:, 1..K]) are computed
+        first, without gradient. The gradient through each unrolled latent is halved (MuZero), and
+        the LSTM state is reset every `lstm_horizon_len` steps, as the search does.
+        """
+        B, K = actions.shape
+        with torch.no_grad():
+            nxt = obs[:, 1 : K + 1].reshape(B * K, *obs.shape[2:])
+            target_projections = self.project(self.represent(nxt)).reshape(B, K, -1)
+        latent = self.represent(obs[:, 0])
+        policy, value = self.predict(latent)
+        out = Unroll([policy], [value], [], [], target_projections)
+        hidden = self.initial_hidden(B)
+        for k in range(1, K + 1):
+            latent, hidden, prefix_logits = self.dynamics(latent, actions[:, k - 1], hidden)
+            if latent.requires_grad:
+                latent.register_hook(_halve_gradient)
+            policy, value = self.predict(latent)
+            out.policy_logits.append(policy)
+            out.value_logits.append(value)
+            out.value_prefix_logits.append(prefix_logits)
+            out.predicted_projections.append(self.project_predict(self.project(latent)))
+            if k % lstm_horizon_len == 0:
+                hidden = self.initial_hidden(B)
+        return out
+
+    def set_activation(self, name: str) -> ParamChange:
+        """Swap every activation module for a fresh `name` activation."""
+        return set_model_activation(self, name)
+
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float, bounds: Mapping[str, Any],
+                            generator: torch.Generator | None = None) -> tuple[MutationRecord, ParamChange]:
+        """One architecture change drawn with `rng` within `bounds` (the agent's arch table); the
+        record says what changed, the ParamChange lets the caller carry optimizer state over."""
+        raise NotImplementedError
+
+
+#: the arch keys that bound an EvolvableMLP mutation
+_MLP_BOUNDS = ("min_blocks", "max_blocks", "min_hidden", "max_hidden", "min_width", "max_width", "node_step")
 
 
 class EfficientZeroMLP(_ModelBase):
@@ -368,6 +435,28 @@ class EfficientZeroMLP(_ModelBase):
                 "dyn_width": self.dynamics_network.trunk.width, "dyn_blocks": self.dynamics_network.trunk.block_sizes,
                 "pred_width": self.prediction.width, "pred_blocks": self.prediction.block_sizes,
                 "lstm_hidden_size": self.lstm_hidden_size}
+
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float, bounds: Mapping[str, Any],
+                            generator: torch.Generator | None = None) -> tuple[MutationRecord, ParamChange]:
+        """Representation, dynamics trunk or prediction gets an `EvolvableMLP` mutation, or the
+        value-prefix LSTM widens by `node_step` units (each of the four with equal chance). The trunk
+        output of representation/dynamics is the latent, so the latent size never changes."""
+        parts = {"representation": self.representation, "dynamics": self.dynamics_network.trunk,
+                 "prediction": self.prediction}
+        choice = int(rng.integers(len(parts) + 1))
+        step = int(bounds["node_step"])
+        if choice == len(parts):
+            H = self.lstm_hidden_size
+            if H + step > int(bounds["max_lstm_hidden_size"]):
+                return MutationRecord.none("lstm_hidden_size at its bound"), ParamChange()
+            change = self.dynamics_network.widen_lstm(step, generator)
+            self.lstm_hidden_size = H + step
+            return MutationRecord("widen_lstm", {"lstm_hidden_size": [H, H + step]}, True, {"network": "dynamics"}), change
+        name = list(parts)[choice]
+        mlp: EvolvableMLP = parts[name]
+        change, record = mlp.mutate(rng, new_layer_prob, {k: int(bounds[k]) for k in _MLP_BOUNDS}, generator)
+        record.details["network"] = name
+        return record, change
 
 
 class EfficientZeroConv(_ModelBase):
@@ -451,6 +540,25 @@ class EfficientZeroConv(_ModelBase):
 
     def arch(self) -> dict[str, Any]:
         return {"num_res_blocks": len(self.rep_blocks), "dyn_res_blocks": len(self.dynamics_network.resblocks)}
+
+    def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float, bounds: Mapping[str, Any],
+                            generator: torch.Generator | None = None) -> tuple[MutationRecord, ParamChange]:
+        """Representation or dynamics tower (even chance) gains an identity-initialised residual block
+        (2:1 over removing one when both are allowed, within `min_res_blocks`..`max_res_blocks`).
+        `new_layer_prob` and `generator` are unused: a new block's weights are zero or drawn from
+        torch's global RNG."""
+        where = "representation" if rng.random() < 0.5 else "dynamics"
+        blocks = self.rep_blocks if where == "representation" else self.dynamics_network.resblocks
+        n = len(blocks)
+        lo, hi = int(bounds["min_res_blocks"]), int(bounds["max_res_blocks"])
+        grow = n < hi and (n <= lo or rng.random() < 2 / 3)
+        if grow:
+            return (MutationRecord("add_res_block", {"res_blocks": [n, n + 1]}, True, {"network": where}),
+                    self.add_res_block(where))
+        if n > lo:
+            return (MutationRecord("remove_res_block", {"res_blocks": [n, n - 1]}, False, {"network": where}),
+                    self.remove_res_block(where))
+        return MutationRecord.none("residual block count at its bounds"), ParamChange()
 
 
 def build_model(obs_shape: Sequence[int], action_space_size: int, arch: dict[str, Any],
