@@ -59,6 +59,8 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "LeakyReLU": nn.LeakyReLU,
     "SiLU": nn.SiLU,
     "Softsign": nn.Softsign,
+    # GPT-2's own activation (gelu_new): a pretrained GPT-2 keeps computing what it was trained with
+    "GELUTanh": lambda: nn.GELU(approximate="tanh"),
 }
 
 

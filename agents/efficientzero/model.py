@@ -32,7 +32,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from evo.evolvable import ACTIVATIONS, EvolvableMLP, ParamChange, make_activation
@@ -60,6 +59,13 @@ def _act(activation: Any) -> nn.Module:
     if isinstance(activation, nn.Module):
         return type(activation)() if not isinstance(activation, nn.Threshold) else nn.Threshold(-1.0, -1.0)
     return activation()
+
+
+def _one_hot(action: torch.Tensor, num_actions: int, like: torch.Tensor) -> torch.Tensor:
+    """[B] actions -> [B, A] one-hot rows in `like`'s dtype and device. Equal to F.one_hot(...).to(dtype),
+    which cannot run under vmap (it checks the action range with .item())."""
+    classes = torch.arange(num_actions, device=action.device)
+    return (action.long().unsqueeze(-1) == classes).to(like.dtype)
 
 
 def _minmax(x: torch.Tensor) -> torch.Tensor:
@@ -427,7 +433,7 @@ class EfficientZeroMLP(_ModelBase):
 
     def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden
                  ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
-        onehot = F.one_hot(action.long(), self.action_space_size).to(latent.dtype)
+        onehot = _one_hot(action, self.action_space_size, latent)
         return self.dynamics_network(torch.cat([latent, onehot], dim=-1), hidden)
 
     def arch(self) -> dict[str, Any]:
@@ -519,7 +525,7 @@ class EfficientZeroConv(_ModelBase):
 
     def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden
                  ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
-        planes = F.one_hot(action.long(), self.action_space_size).to(latent.dtype)
+        planes = _one_hot(action, self.action_space_size, latent)
         planes = planes[:, :, None, None].expand(-1, -1, *latent.shape[-2:])
         return self.dynamics_network(torch.cat([latent, planes], dim=1), hidden)
 

@@ -19,9 +19,9 @@ import torch
 
 from agents.ilql.data import episodes_to_arrays, replay_schema
 from agents.ilql.ilql import ILQL
-from agents.ilql.model import DEFAULT_NET_CONFIG, HF_ACTIVATIONS, check_net_config
+from agents.ilql.model import DEFAULT_NET_CONFIG, HF_ACTIVATIONS, check_net_config, resolve_pretrained
 from agents.ilql.tasks import TASKS, make_task, task_defaults
-from agents.ilql.tokenizer import hf_tokenizer, tokenizer_from_json
+from agents.ilql.tokenizer import TextTokenizer
 from evo.agent import AgentContext, Evaluation, TorchAgent
 from evo.evolvable import remap_optimizer
 from evo.hparams import HParam
@@ -34,11 +34,20 @@ __all__ = ["ILQLAgent", "ROW_FIELD"]
 ROW_FIELD = "row"  # the row's position in the offline dataset: the dataset is a multiset of episodes
 
 _EVAL_DEFAULTS = {"eval_samples": 8, "eval_temperature": 1.0, "eval_top_k": 1, "eval_bc": True}
-_TASK_EXTRA = {"randomwalks": {"mask_invalid": True}, "wordle": {}}
+_TASK_EXTRA = {"randomwalks": {"mask_invalid": True}, "wordle": {}, "jsonl": {}}
 
 # hyperparameters that live in the loss config / learner rather than in the optimizer
 _LOSS_HPARAMS = ("gamma", "tau", "beta", "cql_temp", "transition_weight", "clip_weight", "dm_margin",
                  "v_weight", "cql_weight", "awac_weight", "dm_weight")
+
+
+def _n_rows(task: Any) -> int:
+    return task.n_episodes if hasattr(task, "n_episodes") else len(task.episodes())
+
+
+def _initial_rows(task: Any) -> Any:
+    """The dataset for the store: a stream of chunks for a JSONL file, one mapping for a generated task."""
+    return task.iter_arrays(row_field=ROW_FIELD) if hasattr(task, "iter_arrays") else _dataset_arrays(task)
 
 
 def _dataset_arrays(task: Any) -> dict[str, np.ndarray]:
@@ -79,8 +88,9 @@ class ILQLAgent(TorchAgent):
 
     @classmethod
     def validate_arch(cls, arch: dict[str, Any]) -> dict[str, Any]:
-        """net_config keys; vocab_size and block_size are raised to fit the task when the member is built."""
-        return check_net_config(arch)
+        """net_config keys; vocab_size and block_size are raised to fit the task when the member is built
+        (a `pretrained` checkpoint fixes its own: they are read from its config.json)."""
+        return check_net_config(resolve_pretrained(arch))
 
     @classmethod
     def validate_task(cls, task: dict[str, Any]) -> dict[str, Any]:
@@ -88,6 +98,8 @@ class ILQLAgent(TorchAgent):
         if name not in TASKS:
             raise ValueError(f"task.task: expected one of {list(TASKS)}, found {name!r}")
         defaults = {**task_defaults(name), **_EVAL_DEFAULTS, **_TASK_EXTRA[name]}
+        task = dict(task)
+        previous_scan = task.pop("scan", None) if name == "jsonl" else None
         unknown = sorted(set(task) - set(defaults) - {"task"})
         if unknown:
             raise ValueError(f"task.{unknown[0]}: unknown key for task {name!r}; expected some of {sorted(defaults)}")
@@ -104,6 +116,10 @@ class ILQLAgent(TorchAgent):
                 ok = isinstance(value, type(default))
             if not ok:
                 raise ValueError(f"task.{key}: expected a non-negative {type(default).__name__}, found {value!r}")
+        if name == "jsonl":
+            from agents.ilql.tasks.jsonl import validate_settings
+
+            return validate_settings(out, previous_scan)
         return out
 
     @classmethod
@@ -111,8 +127,7 @@ class ILQLAgent(TorchAgent):
         """The task's offline dataset, generated and loaded once into the shared store."""
         t = make_task(cls.validate_task(task))
         schema = replay_schema(t.max_tokens, t.max_actions, row_field=ROW_FIELD)
-        return ReplaySpec(schema, capacity=len(t.episodes()), sampler="uniform",
-                          initial_rows=lambda: _dataset_arrays(t))
+        return ReplaySpec(schema, capacity=_n_rows(t), sampler="uniform", initial_rows=lambda: _initial_rows(t))
 
     # ---- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -121,14 +136,18 @@ class ILQLAgent(TorchAgent):
         task_cfg = cls.validate_task(context.task)
         task = make_task(task_cfg)
         arch = dict(arch)
-        arch["vocab_size"] = task.vocab_size
-        arch["block_size"] = max(int(arch.get("block_size", 0)), task.max_tokens)
+        if arch.get("pretrained"):
+            _check_fits_pretrained(arch, task)
+        else:
+            arch["vocab_size"] = task.vocab_size
+            arch["block_size"] = max(int(arch.get("block_size", 0)), task.max_tokens)
         hp = {name: h.value for name, h in cls.default_hparams().items()}
         hp.update(hparams)
         agent = cls.__new__(cls)
         agent.index, agent.context = index, context
         agent.hparams = hp
         agent.tokenizer_json = task.tokenizer.to_str()
+        agent.tokenizer_special = task.tokenizer.special_json() if isinstance(task.tokenizer, TextTokenizer) else None
         dataset = context.replay if context.replay is not None else _local_dataset(task)
         agent.ilql = ILQL(dataset, check_net_config(arch), index=index, device=context.device, seed=seed,
                           **agent._ilql_kwargs(hp))
@@ -148,8 +167,7 @@ class ILQLAgent(TorchAgent):
         store = self.ilql.dataset
         if isinstance(store, dict) or store is None:
             return
-        n = len(task.episodes())
-        self.ilql.sample_fn = _KeyedSampler(store, task, n)
+        self.ilql.sample_fn = _KeyedSampler(store, task, _n_rows(task), exclude=getattr(task, "heldout", None))
 
     # TorchAgent's RNG lives in the learner
     @property
@@ -191,6 +209,8 @@ class ILQLAgent(TorchAgent):
     def evaluate(self) -> Evaluation:
         cfg = self.validate_task(self.context.task)
         task = make_task(cfg)
+        if cfg["task"] == "jsonl" and task.env_factory is None:
+            return self._heldout_evaluation(task)
         # sampling noise from (run seed, index, training progress) only, never from a call counter:
         # evaluate() changes nothing, so a checkpoint or an export evaluates exactly as the run did
         g = torch.Generator().manual_seed(evaluation_seed(self.context.seed, self.index, self.ilql.steps))
@@ -204,6 +224,38 @@ class ILQLAgent(TorchAgent):
             metrics.update({f"bc_{k}": v for k, v in bc.items()})
         metrics["train_steps"] = float(self.ilql.steps)
         return Evaluation(fitness=float(ilql[task.fitness_metric]), metrics=metrics)
+
+    @torch.no_grad()
+    def _heldout_evaluation(self, task: Any) -> Evaluation:
+        """No environment to act in: fitness is minus the ILQL loss, under the default loss weights (the
+        same for every member), on the rows held out of training. It ranks how well members model the
+        data's values and actions, not how well they act; give task.env for that."""
+        from agents.ilql.data import to_torch
+        from agents.ilql.ilql import _trim
+        from agents.ilql.losses import ILQLLossConfig, ilql_loss
+
+        defaults = self.default_hparams()
+        cfg = ILQLLossConfig(**{k: defaults[k].value for k in _LOSS_HPARAMS})
+        rows = task.heldout
+        sums: dict[str, float] = {}
+        model = self.ilql.model
+        was_training = model.training
+        model.eval()
+        for start in range(0, len(rows), 64):
+            part = rows[start:start + 64]
+            if isinstance(self.ilql.dataset, dict):
+                data = {k: np.asarray(v)[part] for k, v in self.ilql.dataset.items()}
+            else:
+                data = self.ilql.dataset.get(self.ilql.sample_fn.keys[part])
+            batch = _trim(to_torch(data, self.ilql.device))
+            out = model(batch["tokens"], batch["state_idxs"], batch["action_idxs"], batch["attn_mask"])
+            _, metrics = ilql_loss(out, batch, cfg)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * len(part)
+        model.train(was_training)
+        metrics = {f"heldout_{k}": v / len(rows) for k, v in sums.items()}
+        metrics["train_steps"] = float(self.ilql.steps)
+        return Evaluation(fitness=-metrics["heldout_loss"], metrics=metrics)
 
     # ---- mutation -------------------------------------------------------------------------------
     def mutate_architecture(self, rng: np.random.Generator, new_layer_prob: float) -> MutationRecord:
@@ -247,6 +299,7 @@ class ILQLAgent(TorchAgent):
             "arch": json.dumps(self.arch),
             "hparams": json.dumps(self.hparams),
             "tokenizer": self.tokenizer_json,
+            **({"tokenizer_special": self.tokenizer_special} if self.tokenizer_special else {}),
             "ilql": self.ilql.get_state(),
         }
 
@@ -257,6 +310,7 @@ class ILQLAgent(TorchAgent):
         agent.context = context
         agent.hparams = json.loads(state["hparams"])
         agent.tokenizer_json = state["tokenizer"]
+        agent.tokenizer_special = state.get("tokenizer_special")
         dataset = context.replay
         if dataset is None and context.task:
             dataset = _local_dataset(make_task(cls.validate_task(context.task)))
@@ -281,11 +335,23 @@ class ILQLAgent(TorchAgent):
             gpt.save_pretrained(out / "hf", safe_serialization=True)
         finally:
             gpt.config.use_cache = False
-        hf_tokenizer(tokenizer_from_json(self.tokenizer_json)).save_pretrained(out / "hf")
+        TextTokenizer.from_json(self.tokenizer_json, self.tokenizer_special).hf().save_pretrained(out / "hf")
         return out
 
 
+def _check_fits_pretrained(arch: dict[str, Any], task: Any) -> None:
+    """A pretrained backbone keeps its vocabulary and positions: the task's tokens must fit them."""
+    if task.vocab_size > arch["vocab_size"]:
+        raise ValueError(f"arch.pretrained: the model's vocabulary has {arch['vocab_size']} tokens, the task's tokenizer "
+                         f"{task.vocab_size} (use the model's own tokenizer: task.tokenizer = its directory)")
+    if task.max_tokens > arch["block_size"]:
+        raise ValueError(f"arch.pretrained: the model has {arch['block_size']} positions, the task's episodes need "
+                         f"{task.max_tokens} tokens")
+
+
 def _local_dataset(task: Any) -> dict[str, np.ndarray]:
+    if hasattr(task, "arrays"):
+        return task.arrays()
     arrays = _dataset_arrays(task)
     arrays.pop(ROW_FIELD)
     return arrays
@@ -294,15 +360,23 @@ def _local_dataset(task: Any) -> dict[str, np.ndarray]:
 class _KeyedSampler:
     """Uniform rows of the shared store, drawn with the member's RNG and fetched by key."""
 
-    def __init__(self, store: Any, task: Any, n_rows: int) -> None:
+    def __init__(self, store: Any, task: Any, n_rows: int, exclude: np.ndarray | None = None) -> None:
         self.store = store
         schema = replay_schema(task.max_tokens, task.max_actions, row_field=ROW_FIELD)
-        rows = np.arange(n_rows, dtype=np.int64)
-        probe = {name: np.zeros((n_rows, *f.shape), f.np_dtype) for name, f in schema.fields.items()}
-        probe[ROW_FIELD] = rows
-        self.keys = np.asarray(store.hash(probe), dtype=np.uint64)
+        keys = []
+        for start in range(0, n_rows, 4096):  # rows are keyed by position alone: hash blank rows, a chunk at a time
+            rows = np.arange(start, min(start + 4096, n_rows), dtype=np.int64)
+            probe = {name: np.zeros((len(rows), *f.shape), f.np_dtype) for name, f in schema.fields.items()}
+            probe[ROW_FIELD] = rows
+            keys.append(np.asarray(store.hash(probe), dtype=np.uint64))
+        self.keys = np.concatenate(keys)
+        # rows held out of training (scored instead); none for the generated tasks
+        self.train_rows = None if exclude is None or not len(exclude) else np.setdiff1d(np.arange(n_rows), exclude)
 
     def __call__(self, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        rows = rng.integers(len(self.keys), size=n)
+        if self.train_rows is None:
+            rows = rng.integers(len(self.keys), size=n)
+        else:
+            rows = self.train_rows[rng.integers(len(self.train_rows), size=n)]
         return self.store.get(self.keys[rows])
 

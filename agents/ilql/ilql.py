@@ -42,7 +42,7 @@ class ILQL:
                  exp_weights: bool = True, dm_margin: float = 0.0, cql_temp: float = 1.0,
                  weight_decay: float = 0.0, device: str = "cpu", *, seed: int = 0,
                  v_weight: float = 1.0, cql_weight: float = 0.01, awac_weight: float = 1.0,
-                 dm_weight: float = 0.0, grad_clip: float | None = 1.0) -> None:
+                 dm_weight: float = 0.0, grad_clip: float | None = 1.0, gpt_config: dict[str, Any] | None = None) -> None:
         if not per_token:
             raise ValueError("per_token: expected True (this ILQL is the per-token MDP of Snell et al.), found False")
         self.algo = "ILQL"
@@ -64,7 +64,7 @@ class ILQL:
         self.generator, self.rng = new_streams(seed)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
-            self.model = ILQLModel(net_config, double_q=double_q)
+            self.model = ILQLModel(net_config, double_q=double_q, gpt_config=gpt_config)
         self.model.to(self.device)
         self.optimizer = self._make_optimizer()
         self.sample_fn: Any = None  # optional (n, rng) -> batch; set by ILQLAgent for keyed store draws
@@ -166,12 +166,14 @@ class ILQL:
             "optimizer": optimizer_state(self.optimizer, self.model),
             "rng": streams_state(self.generator, self.rng),
             "steps": self.steps,
+            # a pretrained backbone's GPT-2 config rebuilds its shape without the checkpoint directory
+            **({"gpt_config": json.dumps(self.model.gpt_config())} if self.net_config.get("pretrained") else {}),
         }
 
     @classmethod
     def from_state(cls, state: dict[str, Any], dataset: Any = None, device: str = "cpu") -> ILQL:
         init = json.loads(state["init"])
-        agent = cls(dataset, json.loads(state["net_config"]), device=device, **init)
+        agent = cls(dataset, json.loads(state["net_config"]), device=device, gpt_config=_gpt_config(state), **init)
         agent.set_state(state)
         return agent
 
@@ -191,11 +193,16 @@ class ILQL:
         net_config = json.loads(state["net_config"])
         if net_config != self.net_config:  # the checkpoint's architecture wins
             with torch.random.fork_rng(devices=[]):
-                self.model = ILQLModel(net_config, double_q=json.loads(state["init"])["double_q"]).to(self.device)
+                self.model = ILQLModel(net_config, double_q=json.loads(state["init"])["double_q"],
+                                       gpt_config=_gpt_config(state)).to(self.device)
         for key, value in json.loads(state["init"]).items():
             if key in ("lr", "weight_decay", "alpha", "batch_size", "index", "grad_clip"):
                 setattr(self, key, value)
         self.set_state(state)
+
+
+def _gpt_config(state: dict[str, Any]) -> dict[str, Any] | None:
+    return json.loads(state["gpt_config"]) if "gpt_config" in state else None
 
 
 def _trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

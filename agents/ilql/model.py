@@ -15,21 +15,30 @@ Architecture mutations are function-preserving where they grow:
 * `widen_ff`: k new units per block, new rows of mlp.c_fc random, new rows of mlp.c_proj zero.
 Removing a block cannot preserve the function; `remove_layer` drops the block with the smallest
 residual output weights and says so.
+
+`net_config["pretrained"] = "dir"` starts the backbone from a local GPT-2-family checkpoint
+(`GPT2LMHeadModel.from_pretrained(dir, local_files_only=True)`, never fetched); its shape keys are
+read from the checkpoint (`resolve_pretrained`) and the heads are added on top. Every mutation
+above works on it unchanged. A member rebuilt from its state needs only the saved GPT-2 config,
+not the directory.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.activations import NewGELUActivation
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
 from evo.evolvable import ParamChange, make_activation
 
-__all__ = ["ILQLModel", "DEFAULT_NET_CONFIG", "HF_ACTIVATIONS", "build_gpt2_config", "check_net_config"]
+__all__ = ["ILQLModel", "DEFAULT_NET_CONFIG", "HF_ACTIVATIONS", "build_gpt2_config", "check_net_config",
+           "resolve_pretrained"]
 
 DEFAULT_NET_CONFIG: dict[str, Any] = {
     "arch": "gpt",
@@ -56,12 +65,78 @@ HF_ACTIVATIONS: dict[str, str] = {
     "PReLU": "prelu",
     "SiLU": "silu",
     "LeakyReLU": "leaky_relu",
+    "GELUTanh": "gelu_new",
 }
+
+#: a pretrained config's activation_function -> the evo activation that computes the same function
+_FROM_HF = {"gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh", "gelu": "GELU", "relu": "ReLU",
+            "silu": "SiLU", "swish": "SiLU", "tanh": "Tanh", "sigmoid": "Sigmoid", "leaky_relu": "LeakyReLU"}
+
+# shape keys a pretrained checkpoint fixes (net_config key -> how to read it from a GPT2Config)
+_PRETRAINED_KEYS = {
+    "n_layer": lambda c: c.n_layer,
+    "n_embd": lambda c: c.n_embd,
+    "n_head": lambda c: c.n_head,
+    "dim_feedfwd": lambda c: c.n_inner or 4 * c.n_embd,
+    "dropout": lambda c: float(c.resid_pdrop),
+    "layer_norm_eps": lambda c: float(c.layer_norm_epsilon),
+    "block_size": lambda c: c.n_positions,
+    "vocab_size": lambda c: c.vocab_size,
+}
+
+
+def _make_act(name: str) -> nn.Module:
+    """The activation module for `name`; GELUTanh is transformers' own gelu_new, so a pretrained GPT-2
+    computes exactly what it computed before and its export reloads bit for bit."""
+    return NewGELUActivation() if name == "GELUTanh" else make_activation(name)
+
+
+def _pretrained_config(path: str) -> GPT2Config:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ValueError(f"arch.pretrained: expected a local Hugging Face model directory with config.json, found {path!r}")
+    try:
+        config = GPT2Config.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"arch.pretrained: cannot read a GPT-2 config from {path!r} ({exc})") from None
+    if config.model_type != "gpt2":
+        raise ValueError(f"arch.pretrained: expected a GPT-2-family model (model_type 'gpt2'), found {config.model_type!r}")
+    return config
+
+
+def resolve_pretrained(arch: dict[str, Any]) -> dict[str, Any]:
+    """Fill the shape keys of an `arch` with `pretrained` from the checkpoint's config.json (offline).
+
+    Keys the checkpoint fixes may be left out; given, they must agree. Layer bounds default to
+    [1, n_layer + 2]. The path is made absolute so workers started elsewhere find it."""
+    if not arch.get("pretrained"):
+        return dict(arch)
+    if not isinstance(arch["pretrained"], str):
+        raise ValueError(f"arch.pretrained: expected a directory path, found {arch['pretrained']!r}")
+    path = str(Path(arch["pretrained"]).expanduser().resolve())
+    config = _pretrained_config(path)
+    out = dict(arch, pretrained=path)
+    for key, read in _PRETRAINED_KEYS.items():
+        value = read(config)
+        if key in arch and arch[key] != value:
+            raise ValueError(f"arch.{key}: the pretrained model in {path} has {value}, found {arch[key]!r} "
+                             "(leave it out: the checkpoint sets it)")
+        out[key] = value
+    act = _FROM_HF.get(config.activation_function)
+    if act is None:
+        raise ValueError(f"arch.pretrained: activation {config.activation_function!r} has no evo equivalent "
+                         f"(expected one of {sorted(_FROM_HF)})")
+    if "activation" in arch and arch["activation"] != act:
+        raise ValueError(f"arch.activation: the pretrained model in {path} uses {act}, found {arch['activation']!r}")
+    out["activation"] = act
+    out.setdefault("min_layers", 1)
+    out.setdefault("max_layers", out["n_layer"] + 2)
+    return out
 
 
 def check_net_config(net_config: dict[str, Any]) -> dict[str, Any]:
     """Fill defaults and refuse what a GPT-2 backbone cannot be: 'arch.FIELD: expected …, found …'."""
-    unknown = sorted(set(net_config) - set(DEFAULT_NET_CONFIG))
+    unknown = sorted(set(net_config) - set(DEFAULT_NET_CONFIG) - {"pretrained"})
     if unknown:
         raise ValueError(f"arch.{unknown[0]}: unknown key; expected some of {sorted(DEFAULT_NET_CONFIG)}")
     cfg = {**DEFAULT_NET_CONFIG, **net_config}
@@ -80,6 +155,8 @@ def check_net_config(net_config: dict[str, Any]) -> dict[str, Any]:
     if cfg["bias"] is not True:
         raise ValueError(f"arch.bias: expected true (GPT-2 Conv1D layers always carry a bias), found {cfg['bias']!r}")
     make_activation(cfg["activation"])  # raises with the list of known names
+    if "pretrained" in cfg and (not isinstance(cfg["pretrained"], str) or not cfg["pretrained"]):
+        raise ValueError(f"arch.pretrained: expected a local model directory, found {cfg['pretrained']!r}")
     return cfg
 
 
@@ -112,12 +189,20 @@ def _head(n_embd: int, out: int) -> nn.Sequential:
 class ILQLModel(nn.Module):
     """GPT-2 + policy, Q, target Q and V heads. `forward` gathers heads at the given indices."""
 
-    def __init__(self, net_config: dict[str, Any], double_q: bool = True) -> None:
+    def __init__(self, net_config: dict[str, Any], double_q: bool = True, gpt_config: dict[str, Any] | None = None) -> None:
+        """`gpt_config` (a saved GPT2Config dict) rebuilds a pretrained-based member's backbone shape
+        without its directory; the weights then come from the member's state."""
         super().__init__()
         self.net_config = check_net_config(net_config)
         self.double_q = double_q
         cfg = self.net_config
-        self.gpt = GPT2LMHeadModel(build_gpt2_config(cfg))  # .transformer = backbone, .lm_head = policy
+        if gpt_config is not None:
+            self.gpt = GPT2LMHeadModel(GPT2Config.from_dict(gpt_config))
+        elif cfg.get("pretrained"):
+            self.gpt = GPT2LMHeadModel.from_pretrained(cfg["pretrained"], local_files_only=True, dtype=torch.float32)
+            self._check_pretrained()
+        else:
+            self.gpt = GPT2LMHeadModel(build_gpt2_config(cfg))  # .transformer = backbone, .lm_head = policy
         self.gpt.config.use_cache = False
         self._install_activation(cfg["activation"])
         vocab, n_embd = cfg["vocab_size"], cfg["n_embd"]
@@ -126,6 +211,18 @@ class ILQLModel(nn.Module):
         self.v = _head(n_embd, 1)
         self.target_q1 = copy.deepcopy(self.q1).requires_grad_(False)
         self.target_q2 = copy.deepcopy(self.q2).requires_grad_(False) if double_q else None
+
+    def _check_pretrained(self) -> None:
+        c = self.gpt.config
+        have = {key: read(c) for key, read in _PRETRAINED_KEYS.items()}
+        for key, value in have.items():
+            if self.net_config[key] != value:
+                raise ValueError(f"arch.{key}: the pretrained model in {self.net_config['pretrained']} has {value}, "
+                                 f"found {self.net_config[key]!r}")
+
+    def gpt_config(self) -> dict[str, Any]:
+        """The backbone's current GPT2Config (mutations keep it in step) as a JSON-able dict."""
+        return self.gpt.config.to_dict()
 
     # ---- forward ------------------------------------------------------------------------------
     def hidden(self, tokens: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,7 +281,7 @@ class ILQLModel(nn.Module):
         change = ParamChange()
         for block in self.gpt.transformer.h:
             change.removed += list(block.mlp.act.parameters())
-            block.mlp.act = make_activation(name)
+            block.mlp.act = _make_act(name)
             change.added += list(block.mlp.act.parameters())
         self.net_config["activation"] = name
         self.gpt.config.activation_function = HF_ACTIVATIONS.get(name, "gelu")
@@ -219,7 +316,7 @@ class ILQLModel(nn.Module):
             for conv in (block.attn.c_proj, block.mlp.c_proj):
                 conv.weight.zero_()
                 conv.bias.zero_()
-        block.mlp.act = make_activation(self.net_config["activation"])
+        block.mlp.act = _make_act(self.net_config["activation"])
         ref = next(self.parameters())
         block.to(device=ref.device, dtype=ref.dtype)
         block.train(self.training)

@@ -30,7 +30,7 @@ def test_replay_holds_the_whole_multiset_of_walks(context):
 
 
 def test_validation_errors_name_the_field():
-    with pytest.raises(ValueError, match=r"task.task: expected one of \['randomwalks', 'wordle'\], found 'chess'"):
+    with pytest.raises(ValueError, match=r"task.task: expected one of \['randomwalks', 'wordle', 'jsonl'\], found 'chess'"):
         ILQLAgent.validate_task({"task": "chess"})
     with pytest.raises(ValueError, match="task.n_walks: expected a non-negative int, found 'many'"):
         ILQLAgent.validate_task({"task": "randomwalks", "n_walks": "many"})

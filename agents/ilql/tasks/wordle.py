@@ -20,7 +20,9 @@ Data policies (fractions configurable):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ import torch
 from agents.ilql.data import Episode
 from agents.ilql.tokenizer import build_char_tokenizer
 
-__all__ = ["Wordle", "WORDS", "WORDLE_DEFAULTS", "feedback"]
+__all__ = ["Wordle", "WordleTextEnv", "WORDS", "WORDLE_DEFAULTS", "feedback", "write_jsonl"]
 
 WORDS = (
     "about above actor adult after again agent alarm album alert alike alive allow alone among angel "
@@ -145,6 +147,14 @@ class Wordle:
     def episodes(self) -> list[Episode]:
         return [self.encode_game(a, g) for a, g in self.games]
 
+    def game_record(self, answer: int, guesses: list[int]) -> dict:
+        """One game as a `task = "jsonl"` record: ">" then each guess (reward −1) and its feedback."""
+        segments: list[dict] = [{"role": "env", "text": START}]
+        for g in guesses:
+            segments.append({"role": "agent", "text": self.words[g], "reward": -1.0})
+            segments.append({"role": "env", "text": "".join(map(str, feedback(self.words[g], self.words[answer])))})
+        return {"segments": segments, "terminal": True}
+
     def data_stats(self) -> dict[str, float]:
         returns = [-len(g) if self.words[g[-1]] == self.words[a] else -self.max_guesses for a, g in self.games]
         wins = [g[-1] == a for a, g in self.games]
@@ -203,8 +213,57 @@ class Wordle:
         return {"mean_return": float(returns.mean()), "win_rate": float(won.mean())}
 
 
+class WordleTextEnv:
+    """Wordle as a text environment (agents.ilql.tasks.textenv) for `task = "jsonl"` evaluation:
+    `reset(seed)` picks answer word `seed mod n_words` and shows ">", each five-letter guess is
+    answered with its five feedback characters, reward −1 per guess, at most `max_guesses`."""
+
+    max_action_tokens = 5
+
+    def __init__(self, n_words: int = 64, max_guesses: int = 6) -> None:
+        if not 2 <= n_words <= len(WORDS):
+            raise ValueError(f"n_words: expected within [2, {len(WORDS)}], found {n_words}")
+        self.words = WORDS[:n_words]
+        self.action_chars = "".join(sorted(set("".join(self.words))))
+        self.max_turns = max_guesses
+        self.answer, self.turn = self.words[0], 0
+
+    def action_done(self, action: str) -> bool:
+        return len(action) >= 5
+
+    def reset(self, seed: int) -> str:
+        self.answer, self.turn = self.words[seed % len(self.words)], 0
+        return START
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        guess = action[:5]
+        self.turn += 1
+        done = guess == self.answer or self.turn >= self.max_turns
+        return "".join(map(str, feedback(guess, self.answer))), -1.0, done
+
+
+def write_jsonl(path: str | Path, **settings) -> dict[str, float]:
+    """Write the data games of `Wordle(**settings)` as a JSONL file, one game per line; returns their stats."""
+    task = Wordle(**settings)
+    with open(path, "w", encoding="utf-8") as f:
+        for answer, guesses in task.games:
+            f.write(json.dumps(task.game_record(answer, guesses), separators=(",", ":")) + "\n")
+    return task.data_stats()
+
+
 def _code(fb: tuple[int, ...]) -> int:
     code = 0
     for c in fb:
         code = code * 3 + c
     return code
+
+
+if __name__ == "__main__":  # python -m agents.ilql.tasks.wordle OUT.jsonl [--n-games N] [--seed S]
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the Wordle task's data games as a task = 'jsonl' file")
+    parser.add_argument("out")
+    parser.add_argument("--n-games", type=int, default=WORDLE_DEFAULTS["n_games"])
+    parser.add_argument("--seed", type=int, default=WORDLE_DEFAULTS["seed"])
+    args = parser.parse_args()
+    print(json.dumps(write_jsonl(args.out, n_games=args.n_games, seed=args.seed)))
