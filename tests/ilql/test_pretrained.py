@@ -119,7 +119,11 @@ def test_state_round_trip_needs_no_checkpoint_directory(model_dir, context, tmp_
         shutil.move(moved, model_dir)
     for a, b in zip(_outputs(agent), _outputs(twin)):
         assert torch.equal(a, b)
-    assert twin.arch == agent.arch and twin.train(2) == agent.train(2)
+    assert twin.arch == agent.arch
+    torch.manual_seed(5)  # GPT-2's dropout: the same draws for both
+    trained = twin.train(2)
+    torch.manual_seed(5)
+    assert trained == agent.train(2)
 
 
 def test_export_loads_with_auto_classes_offline_and_generates(model_dir, context, tmp_path):
