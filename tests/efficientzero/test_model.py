@@ -146,3 +146,35 @@ def test_conv_model_shapes_and_identity_block():
     m.add_res_block("dynamics")
     after = m.predict(m.dynamics(m.represent(obs), torch.tensor([0, 1, 1]), m.initial_hidden(3))[0])[1]
     assert torch.allclose(before, after, atol=1e-6)
+
+
+def _rng_whose_first_integer_is(value: int, high: int) -> int:
+    return next(s for s in range(100) if int(np.random.default_rng(s).integers(high)) == value)
+
+
+def test_mlp_model_owns_its_architecture_mutations():
+    m = build_model((4,), 2, ARCH, torch.Generator().manual_seed(0))
+    seed = _rng_whose_first_integer_is(3, 4)  # the fourth choice: widen the value-prefix LSTM
+    at_bound = {**ARCH, "max_lstm_hidden_size": ARCH["lstm_hidden_size"]}
+    record, change = m.mutate_architecture(np.random.default_rng(seed), 0.5, at_bound, torch.Generator())
+    assert record.op == "none" and "lstm_hidden_size" in record.details["reason"] and not change.resized
+    record, change = m.mutate_architecture(np.random.default_rng(seed), 0.5, ARCH, torch.Generator())
+    step = ARCH["node_step"]
+    assert record.op == "widen_lstm" and record.changes == {"lstm_hidden_size": [16, 16 + step]}
+    assert m.lstm_hidden_size == m.arch()["lstm_hidden_size"] == 16 + step and change.resized
+    assert m.initial_hidden(2)[0].shape == (2, 16 + step)
+    seed = _rng_whose_first_integer_is(0, 4)  # the first choice: the representation MLP
+    record, _ = m.mutate_architecture(np.random.default_rng(seed), 1.0, ARCH, torch.Generator())
+    assert record.details["network"] == "representation" and record.op in ("add_block", "remove_block")
+
+
+def test_conv_model_owns_its_architecture_mutations():
+    arch = EfficientZeroAgent.validate_arch({"variant": "conv", "channels": 4, "proj_size": 8, "num_res_blocks": 1})
+    m = build_model((1, 6, 6), 2, arch, torch.Generator().manual_seed(0))
+    pinned = {**arch, "min_res_blocks": 1, "max_res_blocks": 1}
+    record, change = m.mutate_architecture(np.random.default_rng(0), 0.5, pinned)
+    assert record.op == "none" and not change.added and not change.removed
+    grown = {**arch, "min_res_blocks": 1, "max_res_blocks": 4}  # at the lower bound: it can only grow
+    record, change = m.mutate_architecture(np.random.default_rng(0), 0.5, grown)
+    assert record.op == "add_res_block" and change.added
+    assert sum(m.arch().values()) == 3

@@ -1,0 +1,60 @@
+"""Self-play writes each env's trajectory to the shared store in segments under member-scoped
+episode ids, hands control back after every vector step, and evaluates from fixed starts."""
+
+import numpy as np
+import torch
+
+from agents.efficientzero.agent import EfficientZeroAgent
+from agents.efficientzero.model import build_model
+from agents.efficientzero.selfplay import EPISODE_SHIFT, SelfPlay
+from evo.replay import build_replay
+from tests.efficientzero.test_agent import FAST_HP, SMALL_ARCH
+
+TASK = EfficientZeroAgent.validate_task({"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2,
+                                         "segment_length": 5, "replay_capacity": 1000})
+HP = {**{k: hp.value for k, hp in EfficientZeroAgent.default_hparams().items()}, **FAST_HP}
+
+
+class RecordingReplay:
+    """The real store, with every inserted batch kept for inspection."""
+
+    def __init__(self, store):
+        self.store, self.inserts = store, []
+
+    def insert(self, batch):
+        self.inserts.append({k: np.array(v) for k, v in batch.items()})
+        return self.store.insert(batch)
+
+
+def _model():
+    arch = EfficientZeroAgent.validate_arch(SMALL_ARCH)
+    return build_model((4,), 2, arch, torch.Generator().manual_seed(0))
+
+
+def test_collect_writes_segments_under_member_episode_ids():
+    store = build_replay(EfficientZeroAgent.replay_spec(TASK), 0, distributed=False)
+    replay = RecordingReplay(store)
+    selfplay = SelfPlay(TASK)
+    calls: list[int] = []
+    finished = selfplay.collect(_model(), HP, np.random.default_rng(0), replay, 3, 30, calls.append)
+    assert calls == [2] * 15  # after every vector step, with the env steps it took
+    assert len(store) == sum(len(b["obs"]) for b in replay.inserts) == 30
+    ids = [int(b["episode"][0]) for b in replay.inserts]
+    assert len(set(ids)) == len(ids)  # one id per stored piece
+    assert all(i >> EPISODE_SHIFT == 3 and 1 <= i & ((1 << EPISODE_SHIFT) - 1) <= selfplay.episodes for i in ids)
+    for b in replay.inserts:
+        n = len(b["obs"])
+        assert 1 <= n <= TASK["segment_length"]
+        assert np.all(b["episode"] == b["episode"][0])
+        assert np.array_equal(np.diff(b["step"]), np.ones(n - 1))  # consecutive steps of one trajectory
+        assert not b["terminal"][:-1].any()  # a terminal ends its piece
+        assert np.allclose(b["policy"].sum(1), 1.0) and np.isfinite(b["root_value"]).all()
+    assert len(finished) == sum(bool(b["terminal"][-1]) for b in replay.inserts)
+
+
+def test_evaluation_is_repeatable_from_the_run_seed():
+    selfplay, model, hp = SelfPlay(TASK), _model(), {**HP, "eval_simulations": 2}
+    first = selfplay.evaluate(model, hp, run_seed=5)
+    assert set(first) == {"eval_return", "eval_return_std", "eval_length"}
+    assert first == SelfPlay(TASK).evaluate(model, hp, run_seed=5) == selfplay.evaluate(model, hp, run_seed=5)
+    assert first["eval_length"] >= 1 and first["eval_return"] == first["eval_length"]  # CartPole: +1 per step
