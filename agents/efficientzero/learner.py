@@ -9,7 +9,7 @@ Three steps, each a function of what it is given (no agent object):
    with `torch.func.functional_call`, so the same function evaluates any parameters. The loss
    weights in `hp` may be Python floats or 0-d tensors: a fused trainer can
    `torch.func.vmap(torch.func.grad(...))` it over stacked members' parameters, batches and
-   per-member weights.
+   per-member weights; `fused_loss` hands it to `evo.fused.FusedGroup` in that engine's shape.
 3. `update`: Adam on the weighted total, gradient-norm clipping, target-network sync and new
    priorities for the sampled windows.
 
@@ -18,7 +18,7 @@ Three steps, each a function of what it is given (no agent object):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,8 @@ from agents.efficientzero.support import scalar_to_support, support_to_scalar
 from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
 from evo.replay import Replay
 
-__all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "reanalyse_policy", "loss_terms", "update"]
+__all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "reanalyse_policy", "loss_terms", "fused_loss",
+           "update"]
 
 #: the named loss terms `loss_terms` returns (besides `loss_total` and the detached `root_value`)
 LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistency")
@@ -158,6 +159,21 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
              + hp["value_prefix_weight"] * terms["loss_value_prefix"]
              + hp["consistency_weight"] * terms["loss_consistency"])
     return {**terms, "loss_total": total, "root_value": root_value}
+
+
+def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
+               ) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    """`loss_terms` in the shape `evo.fused.FusedGroup` trains: `(params, buffers, batch, scalars) ->
+    (loss_total, terms)`, with `batch` a `Batch.tensors` and `scalars` the four `LOSS_WEIGHTS`
+    hyperparameters (0-d tensors, one value per member). `model` only supplies the code: any member
+    of the architecture. The terms include `root_value`, from which the new priorities follow."""
+    def loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], batch: Mapping[str, torch.Tensor],
+             scalars: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        terms = loss_terms(model, params, buffers, batch, {**scalars, "lstm_horizon_len": lstm_horizon_len})
+        total = terms.pop("loss_total")
+        return total, terms
+
+    return loss
 
 
 def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: torch.optim.Optimizer, replay: Replay,

@@ -154,3 +154,28 @@ def test_update_steps_adam_syncs_the_target_and_reprioritises(trained):
         keys, priorities = replay.priority_updates[-1]
         assert np.array_equal(keys, batch.keys)
         assert np.array_equal(priorities, np.abs(root_value.numpy() - batch.root_target) + 1e-6)
+
+
+def test_fused_group_trains_members_as_their_own_updates_would(trained):
+    from evo.evolvable import optimizer_state
+    from evo.fused import FusedGroup, stack_batches
+
+    members = [m.clone(10 + i) for i, m in enumerate(trained[0])]
+    batches = trained[1]
+    per_member = [dict(WEIGHTS), {**WEIGHTS, "value_weight": 0.7, "consistency_weight": 0.5}]
+    lrs = [3e-3, 1e-3]
+    template = members[0].model.train()
+    group = FusedGroup(template, 2, learner.fused_loss(template, 2), scalars=WEIGHTS)
+    for slot, m in enumerate(members):
+        m.model.train()
+        group.load(slot, m.model, optimizer_state(m.optimizer, m.model)["state"], scalars=per_member[slot],
+                   lr=lrs[slot], weight_decay=m.hparams["weight_decay"], max_grad_norm=m.hparams["grad_clip"])
+    terms = group.step(stack_batches({i: b.tensors for i, b in enumerate(batches)}, 2))
+    for slot, (m, batch) in enumerate(zip(members, batches)):
+        m.set_hparams({"lr": lrs[slot], **per_member[slot]})
+        metrics = learner.update(m.model, m.target_model, m.optimizer, m.replay, batch, m.hparams, step=1)
+        assert np.isclose(float(terms["loss_total"][slot]), metrics["loss_total"], rtol=1e-5)
+        assert np.isclose(float(terms["grad_norm"][slot]), metrics["grad_norm"], rtol=1e-4)
+        fused = dict(group.read(slot).named_parameters())
+        for name, p in m.model.named_parameters():
+            torch.testing.assert_close(fused[name], p.detach(), rtol=1e-4, atol=1e-6)
