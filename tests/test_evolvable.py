@@ -10,6 +10,7 @@ from evo.agent import AgentContext
 from evo.evolvable import ACTIVATIONS, EvolvableMLP, remap_optimizer
 from evo.mutation import MUTATIONS, apply_mutation
 from evo.spec import MutationSpec
+from tests.optimizer_carry import OptimizerSnapshot
 from tests.toy_agent import ToyAgent
 
 
@@ -20,13 +21,22 @@ def _net(activation: str = "Tanh") -> tuple[EvolvableMLP, torch.Tensor]:
 
 
 @pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
-@pytest.mark.parametrize("op", ["add_block", "widen_block", "widen_trunk"])
-def test_growth_is_function_preserving(activation: str, op: str) -> None:
+def test_adding_a_block_is_bit_exact(activation: str) -> None:
+    net, x = _net(activation)
+    before = net(x).detach()
+    net.add_block(1, 9, torch.Generator().manual_seed(1))
+    assert torch.equal(net(x), before)  # a zero residual branch adds exactly 0.0
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("op", ["widen_block", "widen_trunk"])
+def test_widening_preserves_the_function_to_float32_rounding(activation: str, op: str) -> None:
+    """Widening appends zero terms to dot products; a longer float32 sum may round differently
+    (measured up to 2.4e-7 here), so widening is exact in real arithmetic, within 1e-6 in float32."""
     net, x = _net(activation)
     before = net(x).detach()
     g = torch.Generator().manual_seed(1)
-    {"add_block": lambda: net.add_block(1, 9, g), "widen_block": lambda: net.widen_block(0, 7, g),
-     "widen_trunk": lambda: net.widen_trunk(5, g)}[op]()
+    {"widen_block": lambda: net.widen_block(0, 7, g), "widen_trunk": lambda: net.widen_trunk(5, g)}[op]()
     assert torch.allclose(net(x), before, atol=1e-6, rtol=0)
 
 
@@ -39,43 +49,47 @@ def test_growth_leaves_new_units_trainable() -> None:
     assert net.blocks[0].fc2.weight.grad.abs().sum() > 0
 
 
-def test_adam_state_survives_architecture_changes() -> None:
+_OPS = {
+    "add_block": lambda net: net.add_block(0, 8),
+    "widen_block": lambda net: net.widen_block(1, 4),
+    "widen_trunk": lambda net: net.widen_trunk(4),
+    "narrow_block": lambda net: net.narrow_block(1, 6),
+    "remove_block": lambda net: net.remove_block(0),
+    "set_activation": lambda net: net.set_activation("PReLU"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_adam_state_survives_architecture_changes(op: str) -> None:
+    """exp_avg, exp_avg_sq and step of every surviving tensor, and of every resized one on its overlap."""
     net, x = _net()
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()
         net(x).pow(2).mean().backward()
         opt.step()
-    w_in_state = {k: v.clone() for k, v in opt.state[net.fc_in.weight].items()}
-    untouched = net.blocks[1].fc1.weight
-    untouched_state = opt.state[untouched]["exp_avg"].clone()
-    remap_optimizer(opt, net.widen_trunk(4))
-    remap_optimizer(opt, net.add_block(0, 8))
-    new_state = opt.state[net.fc_in.weight]
-    assert torch.equal(new_state["exp_avg"][:12], w_in_state["exp_avg"])
-    assert torch.equal(new_state["exp_avg"][12:], torch.zeros(4, 5))
-    assert int(new_state["step"]) == int(w_in_state["step"]) == 3
-    assert torch.equal(opt.state[net.blocks[2].fc1.weight]["exp_avg"][:, :12], untouched_state)
-    params = {id(p) for g in opt.param_groups for p in g["params"]}
-    assert params == {id(p) for p in net.parameters()}
+    before = OptimizerSnapshot.take([net], opt)
+    remap_optimizer(opt, _OPS[op](net))
+    counts = before.assert_carried([net], opt)
+    assert counts["kept"] > 0 and counts["with_state"] > 0
+    assert counts[{"add_block": "added", "remove_block": "removed", "set_activation": "added"}.get(op, "resized")] > 0
     opt.zero_grad()
     net(x).pow(2).mean().backward()
     opt.step()  # still a working optimizer
 
 
-def test_shrinking_keeps_optimizer_consistent() -> None:
-    net, x = _net("PReLU")
+def test_resized_moments_sit_on_the_old_units() -> None:
+    """The overlap spelled out for one case: widened trunk rows keep their moments, new rows start at zero."""
+    net, x = _net()
     opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    net(x).sum().backward()
+    net(x).pow(2).mean().backward()
     opt.step()
-    remap_optimizer(opt, net.narrow_block(1, 6))
-    remap_optimizer(opt, net.remove_block(0))
-    remap_optimizer(opt, net.set_activation("ELU"))
-    assert net.block_sizes == [8]
-    assert {id(p) for g in opt.param_groups for p in g["params"]} == {id(p) for p in net.parameters()}
-    opt.zero_grad()
-    net(x).sum().backward()
-    opt.step()
+    old = {k: v.clone() for k, v in opt.state[net.fc_in.weight].items()}
+    remap_optimizer(opt, net.widen_trunk(4))
+    new = opt.state[net.fc_in.weight]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(new[key][:12], old[key]) and torch.equal(new[key][12:], torch.zeros(4, 5))
+    assert torch.equal(new["step"], old["step"])
 
 
 def test_mutate_respects_bounds_and_records_are_json() -> None:

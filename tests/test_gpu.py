@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from evo.evolvable import EvolvableMLP, remap_optimizer
+from tests.optimizer_carry import OptimizerSnapshot
 
 pytestmark = pytest.mark.gpu
 
@@ -17,8 +18,11 @@ def test_growth_and_adam_carry_over_on_cuda() -> None:
     net(x).pow(2).mean().backward()
     opt.step()
     before = net(x).detach()
-    for change in (net.widen_trunk(8), net.add_block(1, 12), net.widen_block(0, 4)):
-        remap_optimizer(opt, change)
+    for grow in (lambda: net.widen_trunk(8), lambda: net.add_block(1, 12), lambda: net.widen_block(0, 4)):
+        snapshot = OptimizerSnapshot.take([net], opt)
+        remap_optimizer(opt, grow())
+        counts = snapshot.assert_carried([net], opt)  # exp_avg, exp_avg_sq and step, on the overlap too
+        assert counts["with_state"] > 0
     assert all(p.device.type == "cuda" for p in net.parameters())
     assert torch.allclose(net(x), before, atol=1e-5, rtol=0)
     opt.zero_grad()
