@@ -13,8 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from evo.replay.schema import Schema
+from evo.replay.staging import StagedWrites, ViewBasis
 
-__all__ = ["Replay", "ReplaySpec", "build_replay"]
+__all__ = ["Replay", "SharedReplay", "ReplaySpec", "build_replay"]
 
 
 @runtime_checkable
@@ -49,6 +50,19 @@ class Replay(Protocol):
 
     def load_snapshot(self, dir: str | os.PathLike) -> str:
         """Replace the contents with the newest complete snapshot under `dir`, in place."""
+
+
+@runtime_checkable
+class SharedReplay(Replay, Protocol):
+    """The run's shared store as the engine uses it besides the members' calls: the basis of the
+    members' views at a generation's start, and their staged writes replayed at its end
+    (evo.replay.view; `ReplayStore` and `ReplayService` implement it)."""
+
+    def view_basis(self) -> ViewBasis:
+        """Size, priority mass and sampler settings as of now."""
+
+    def apply_staged(self, staged: StagedWrites) -> dict[str, int]:
+        """Replay one member's staged writes, in the order it made them."""
 
 
 @dataclass

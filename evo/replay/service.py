@@ -25,6 +25,7 @@ import numpy as np
 from evo.replay.errors import RateLimited, ReplayError
 from evo.replay.schema import Schema
 from evo.replay.snapshot import latest_complete
+from evo.replay.staging import StagedWrites, ViewBasis
 from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch
 
 
@@ -70,11 +71,25 @@ class _ReplayActor:
                     self._snapshot_locked(self._snapshot_dir)
         return keys
 
-    def sample(self, batch_size: int, timeout: float | None = None) -> SampleBatch:
+    def sample(self, batch_size: int, timeout: float | None = None, seed: int | None = None) -> SampleBatch:
+        if seed is not None:  # a member view's seeded read: not rate-limited, so never waits
+            with self._cond:
+                return self._store.sample(batch_size, seed)
         return self._blocking(lambda: self._store.sample(batch_size), timeout)
 
-    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None) -> SequenceBatch:
+    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None,
+                         seed: int | None = None) -> SequenceBatch:
+        if seed is not None:
+            with self._cond:
+                return self._store.sample_sequences(batch_size, length, seed)
         return self._blocking(lambda: self._store.sample_sequences(batch_size, length), timeout)
+
+    def apply_staged(self, staged: StagedWrites) -> dict:
+        """One member view's writes of a generation, replayed in one call (see ReplayStore.apply_staged)."""
+        with self._cond:
+            out = self._store.apply_staged(staged)
+            self._cond.notify_all()
+            return out
 
     def call(self, method: str, *args: Any) -> Any:
         """Non-blocking store methods (get, contains, refcounts, update_priorities, stats, hash, len)."""
@@ -114,7 +129,7 @@ class _ReplayActor:
                 "restored_from": self.restored_from, "pid": os.getpid()}
 
 
-_PLAIN = {"get", "contains", "refcounts", "update_priorities", "stats", "hash", "__len__"}
+_PLAIN = {"get", "contains", "refcounts", "update_priorities", "stats", "hash", "__len__", "view_basis"}
 
 
 class ReplayService:
@@ -190,11 +205,20 @@ class ReplayService:
         batch = {k: np.asarray(v) for k, v in batch.items()} if isinstance(batch, Mapping) else batch
         return self._get(self._actor.insert.remote(batch, timeout))
 
-    def sample(self, batch_size: int, timeout: float | None = None) -> SampleBatch:
-        return self._get(self._actor.sample.remote(batch_size, timeout))
+    def sample(self, batch_size: int, timeout: float | None = None, seed: int | None = None) -> SampleBatch:
+        return self._get(self._actor.sample.remote(batch_size, timeout, seed))
 
-    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None) -> SequenceBatch:
-        return self._get(self._actor.sample_sequences.remote(batch_size, length, timeout))
+    def sample_sequences(self, batch_size: int, length: int, timeout: float | None = None,
+                         seed: int | None = None) -> SequenceBatch:
+        return self._get(self._actor.sample_sequences.remote(batch_size, length, timeout, seed))
+
+    def view_basis(self) -> ViewBasis:
+        """The store as of now, for member views (evo.replay.view)."""
+        return self._get(self._actor.call.remote("view_basis"))
+
+    def apply_staged(self, staged: StagedWrites) -> dict:
+        """Replay a member view's staged writes in the actor, in one call."""
+        return self._get(self._actor.apply_staged.remote(staged))
 
     def get(self, keys: Any) -> dict[str, np.ndarray]:
         return self._get(self._actor.call.remote("get", np.asarray(keys)))

@@ -28,6 +28,7 @@ from evo.replay.index import EMPTY_KEY, KeyIndex
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.samplers import follow, make_sampler
 from evo.replay.schema import Schema
+from evo.replay.staging import StagedWrites, ViewBasis
 from evo.replay.storage import ColumnStorage, _bits
 
 FORMAT_VERSION = 1
@@ -458,33 +459,39 @@ class ReplayStore:
             }
 
     # ------------------------------------------------------------------ sampling
-    def _draw(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _draw(self, batch_size: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
         size = len(self)
-        if self.rate_limiter is not None:
-            self.rate_limiter.check_sample(batch_size, size)
+        # a seeded draw is a member view's read (evo.replay.view): its own stream, outside the limiter
+        limiter = self.rate_limiter if seed is None else None
+        if limiter is not None:
+            limiter.check_sample(batch_size, size)
         if size == 0:
             raise ReplayError("cannot sample from an empty store")
-        slots, weights = self._sampler.sample(self._rng, self._written, batch_size)
-        if self.rate_limiter is not None:
-            self.rate_limiter.samples += batch_size
+        rng = self._rng if seed is None else np.random.Generator(np.random.PCG64(int(seed)))
+        slots, weights = self._sampler.sample(rng, self._written, batch_size)
+        if limiter is not None:
+            limiter.samples += batch_size
         self.counters["samples"] += batch_size
         return slots, weights
 
-    def sample(self, batch_size: int) -> SampleBatch:
-        """``batch_size`` rows drawn with replacement by the store's sampler."""
-        slots, weights = self._draw(batch_size)
+    def sample(self, batch_size: int, seed: int | None = None) -> SampleBatch:
+        """``batch_size`` rows drawn with replacement by the store's sampler, from the store's own
+        generator — or, with ``seed``, from a fresh generator seeded by it (the store's stream and
+        rate limiter untouched: that is how a member view reads the shared store)."""
+        slots, weights = self._draw(batch_size, seed)
         return SampleBatch(self._storage.gather(slots), self._index.slot_key[slots], weights)
 
-    def sample_sequences(self, batch_size: int, length: int) -> SequenceBatch:
+    def sample_sequences(self, batch_size: int, length: int, seed: int | None = None) -> SequenceBatch:
         """Windows of ``length`` consecutive rows of one trajectory, starting at sampled rows
-        (priorities apply to the start row); mask is False past the trajectory's stored end."""
+        (priorities apply to the start row); mask is False past the trajectory's stored end.
+        ``seed`` as in :meth:`sample`."""
         if self.episode_field is None:
             raise ReplayError("sample_sequences needs the store to be built with episode_field=<int64 field>")
         if length < 1:
             raise ReplayError(f"length must be >= 1, found {length}")
-        start, weights = self._draw(batch_size)
+        start, weights = self._draw(batch_size, seed)
         slots, mask = follow(self._succ, start, length)
         flat = self._storage.gather(slots.reshape(-1))
         data = {}
@@ -505,6 +512,38 @@ class ReplayStore:
         ok = slots >= 0
         self._sampler.update(slots[ok], p[ok])
         return int(ok.sum())
+
+    # ------------------------------------------------------------------ member views
+    def view_basis(self) -> ViewBasis:
+        """What a member view needs to know of this store at a generation's start (evo.replay.view)."""
+        prioritized = self._sampler_kind == "prioritized"
+        tree = self._sampler.tree if prioritized else None
+        limiter = self.rate_limiter
+        return ViewBasis(
+            size=len(self), capacity=self.capacity, sampler=self._sampler_kind,
+            mass=tree.total if tree is not None else float(len(self)),
+            min_leaf=tree.min if tree is not None else 1.0,
+            max_priority=self._sampler.max_priority if prioritized else 1.0,
+            alpha=self._sampler.alpha if prioritized else 1.0, beta=self._sampler.beta if prioritized else 0.0,
+            episode_field=self.episode_field, min_size_to_sample=limiter.min_size_to_sample if limiter else 1,
+            custom_hash=self._hash_fn is not None)
+
+    def apply_staged(self, staged: StagedWrites) -> dict[str, int]:
+        """Replay one member view's writes (inserts and priority updates, in the order the member
+        made them) against this store; the engine calls it at a generation's end, member by member.
+        The rate limiter does not gate them: they were made against the member's own view."""
+        limiter, self.rate_limiter = self.rate_limiter, None
+        rows = updates = 0
+        try:
+            for op in staged.ops:
+                if op[0] == "insert":
+                    rows += int(next(iter(op[1].values())).shape[0]) if op[1] else 0
+                    self.insert(op[1])
+                else:
+                    updates += self.update_priorities(op[1], op[2])
+        finally:
+            self.rate_limiter = limiter
+        return {"rows": rows, "priority_updates": updates}
 
     # ------------------------------------------------------------------ persistence
     def snapshot(self, dir: str | os.PathLike, keep: int = 2) -> str:

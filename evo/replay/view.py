@@ -1,0 +1,238 @@
+"""Member views: what one member sees of the shared replay store during one generation.
+
+Without views, members write into the shared store while others read it, so what a member samples
+depends on which members ran before it, or beside it on other Ray workers: the same seed gives
+different leaderboards inline and on 1, 2 or 4 workers. A `MemberView` makes a member's reads
+independent of scheduling (docs/replay.md, "Member views"):
+
+* **reads** see the shared store *as of the generation's start* plus the member's *own* inserts of
+  this generation. The own inserts live in a small member-local overlay store, treated as a second
+  shard: a uniform draw picks a shard in proportion to its rows, a prioritised draw in proportion
+  to its priority mass, and a sequence comes from whichever shard holds its start row. Importance
+  weights are normalised by the smallest priority over both shards, as one store would.
+* **randomness** comes from the view's own generator, seeded by (run seed, member index,
+  generation), never from the shared store's stream.
+* **writes** (inserts and priority updates) are *staged*: inserts go to the overlay, priority
+  updates of overlay rows apply there at once, and every write is also logged. After the
+  generation the engine replays each member's log against the shared store, in member order
+  (`StagedWrites`, `ReplayStore.apply_staged`). A failed or retried attempt's log is dropped, so
+  nothing it inserted ever reaches the shared store.
+
+The shared store does not change during a generation (every member writes through a view), so
+"as of the generation's start" needs no copy. Not seen within the generation: other members'
+data of this generation, and the member's own priority updates of rows already in the shared
+store (they take effect at the boundary).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from evo.replay.errors import RateLimited, ReplayError
+from evo.replay.hashing import hash_rows
+from evo.replay.protocol import Replay
+from evo.replay.staging import StagedWrites, ViewBasis
+from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch, _as_keys
+
+__all__ = ["MemberView", "view_seed", "commit_views"]
+
+_MIN_OVERLAY = 4096  # first overlay size in rows; it doubles (replaying its own log) up to the store's capacity
+
+
+def view_seed(run_seed: int, index: int, generation: int) -> np.random.SeedSequence:
+    """The seed of member `index`'s view in `generation`: its own stream, whoever runs it, wherever."""
+    return np.random.SeedSequence([int(run_seed) & 0xFFFFFFFF, int(index), int(generation), 0x5EA1])
+
+
+class MemberView:
+    """The `Replay` a member uses during one generation: the shared store frozen at the
+    generation's start plus the member's own staged writes. See the module docstring."""
+
+    def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int) -> None:
+        self.base = base
+        self.basis = basis
+        self.schema = base.schema
+        self.capacity = basis.capacity
+        ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(int(seed))
+        self._rng = np.random.Generator(np.random.PCG64(ss))
+        self._overlay: ReplayStore | None = None
+        self._staged = StagedWrites()
+
+    # ---- the member's own shard ------------------------------------------------------------
+    def _new_overlay(self, capacity: int) -> ReplayStore:
+        b = self.basis
+        store = ReplayStore(self.schema, capacity=capacity, sampler=b.sampler, alpha=b.alpha, beta=b.beta,
+                            episode_field=b.episode_field)
+        if b.sampler == "prioritized":
+            store._sampler.max_priority = b.max_priority  # new rows get the shared store's top priority
+        return store
+
+    def _room_for(self, n: int) -> ReplayStore:
+        """The overlay, grown (by replaying the log into a larger one) so that `n` more rows fit."""
+        ov = self._overlay
+        need = (len(ov) if ov is not None else 0) + n
+        if ov is not None and (need <= ov.capacity or ov.capacity >= self.capacity):
+            return ov
+        size = _MIN_OVERLAY if ov is None else 2 * ov.capacity
+        while size < need:
+            size *= 2
+        fresh = self._new_overlay(min(size, self.capacity))
+        for op in self._staged.ops:
+            if op[0] == "insert":
+                fresh.insert(op[1])
+            else:
+                fresh.update_priorities(op[1], op[2])
+        self._overlay = fresh
+        return fresh
+
+    def _own(self) -> int:
+        return len(self._overlay) if self._overlay is not None else 0
+
+    # ---- the Replay protocol -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.basis.size + self._own()
+
+    def insert(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """Stage rows: visible to this member at once, in the shared store after the generation."""
+        arrays, n = self.schema.validate(batch)
+        if n == 0:
+            return np.zeros(0, dtype=np.uint64)
+        arrays = {k: np.array(v, copy=True) for k, v in arrays.items()}  # the log must not alias the caller's buffers
+        keys = self._room_for(n).insert(arrays)
+        self._staged.ops.append(("insert", arrays))
+        return keys
+
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        """Own rows' priorities change at once; the shared store's rows' at the boundary. Returns the
+        number of updates staged."""
+        k = _as_keys(keys)
+        p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if p.shape[0] != k.shape[0]:
+            raise ReplayError(f"update_priorities: {k.shape[0]} keys but {p.shape[0]} priorities")
+        if self.basis.sampler != "prioritized":
+            raise ReplayError("update_priorities needs sampler='prioritized'; this store samples uniformly")
+        if not np.all(np.isfinite(p)) or np.any(p < 0):
+            raise ReplayError("update_priorities: priorities must be finite and >= 0 (add a small epsilon yourself)")
+        if self._overlay is not None:
+            self._overlay.update_priorities(k, p)
+        self._staged.ops.append(("priorities", k.copy(), p.copy()))
+        return int(k.shape[0])
+
+    def _split(self, batch_size: int) -> tuple[int, int, int, int]:
+        """How many of `batch_size` draws come from the shared store and from the own shard, plus a
+        seed for each, all from the view's generator."""
+        if batch_size < 1:
+            raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
+        size = len(self)
+        if size < self.basis.min_size_to_sample:
+            raise RateLimited(f"sample needs at least {self.basis.min_size_to_sample} rows, the member's view has {size}",
+                              retryable=False)
+        if size == 0:
+            raise ReplayError("cannot sample from an empty store")
+        ov = self._overlay
+        if self.basis.sampler == "prioritized":
+            base_mass, own_mass = self.basis.mass, (ov._sampler.tree.total if ov is not None else 0.0)
+        else:
+            base_mass, own_mass = float(self.basis.size), float(self._own())
+        if own_mass <= 0:
+            n_own = 0
+        elif base_mass <= 0:
+            n_own = batch_size
+        else:
+            n_own = int(self._rng.binomial(batch_size, own_mass / (base_mass + own_mass)))
+        seeds = self._rng.integers(0, 2**63, size=2)
+        return batch_size - n_own, n_own, int(seeds[0]), int(seeds[1])
+
+    def _weight_scale(self) -> tuple[float, float]:
+        """Factors that renormalise each shard's importance weights by the smallest priority of both."""
+        if self.basis.sampler != "prioritized" or self._overlay is None:
+            return 1.0, 1.0
+        own_min = self._overlay._sampler.tree.min
+        low = min(self.basis.min_leaf, own_min)
+        beta = self.basis.beta
+        scale = lambda m: float((low / m) ** beta) if np.isfinite(m) and m > 0 else 1.0
+        return scale(self.basis.min_leaf), scale(own_min)
+
+    def sample(self, batch_size: int) -> SampleBatch:
+        n_base, n_own, s_base, s_own = self._split(batch_size)
+        parts = []
+        wb, wo = self._weight_scale()
+        if n_base:
+            parts.append((self.base.sample(n_base, seed=s_base), wb))
+        if n_own:
+            parts.append((self._overlay.sample(n_own, seed=s_own), wo))
+        if len(parts) == 1 and parts[0][1] == 1.0:
+            return parts[0][0]
+        return SampleBatch(_concat([p.data for p, _ in parts]), np.concatenate([np.asarray(p.keys) for p, _ in parts]),
+                           np.concatenate([np.asarray(p.weights) * np.float32(w) for p, w in parts]))
+
+    def sample_sequences(self, batch_size: int, length: int) -> SequenceBatch:
+        if self.basis.episode_field is None:
+            raise ReplayError("sample_sequences needs the store to be built with episode_field=<int64 field>")
+        n_base, n_own, s_base, s_own = self._split(batch_size)
+        parts = []
+        wb, wo = self._weight_scale()
+        if n_base:
+            parts.append((self.base.sample_sequences(n_base, length, seed=s_base), wb))
+        if n_own:
+            parts.append((self._overlay.sample_sequences(n_own, length, seed=s_own), wo))
+        if len(parts) == 1 and parts[0][1] == 1.0:
+            return parts[0][0]
+        return SequenceBatch(_concat([p.data for p, _ in parts]), np.concatenate([np.asarray(p.mask) for p, _ in parts]),
+                             np.concatenate([np.asarray(p.keys) for p, _ in parts]),
+                             np.concatenate([np.asarray(p.weights) * np.float32(w) for p, w in parts]))
+
+    def get(self, keys: Any) -> dict[str, np.ndarray]:
+        k = _as_keys(keys)
+        if not self._own():
+            return self.base.get(k)
+        own = self._overlay.contains(k)
+        if own.all():
+            return self._overlay.get(k)
+        if not own.any():
+            return self.base.get(k)
+        a, b = self._overlay.get(k[own]), self.base.get(k[~own])
+        out = {}
+        for name in a:
+            col = np.empty((k.shape[0], *a[name].shape[1:]), dtype=a[name].dtype)
+            col[own], col[~own] = a[name], b[name]
+            out[name] = col
+        return out
+
+    def contains(self, keys: Any) -> np.ndarray:
+        k = _as_keys(keys)
+        own = self._overlay.contains(k) if self._own() else np.zeros(k.shape[0], dtype=bool)
+        return own | np.asarray(self.base.contains(k), dtype=bool)
+
+    def hash(self, batch: Mapping[str, Any]) -> np.ndarray:
+        if self.basis.custom_hash:
+            return self.base.hash(batch)
+        arrays, _ = self.schema.validate(batch)
+        return hash_rows(self.schema, arrays)  # a pure function of the bytes: no round trip to the store
+
+    def snapshot(self, dir: str | os.PathLike, keep: int = 2) -> str:
+        raise ReplayError("a member's view of the shared store cannot be snapshotted; the run snapshots the "
+                          "shared store itself at each generation's end")
+
+    def load_snapshot(self, dir: str | os.PathLike) -> str:
+        raise ReplayError("a member's view of the shared store cannot load a snapshot; load it into the shared store")
+
+    # ---- the boundary --------------------------------------------------------------------------
+    def staged(self) -> StagedWrites:
+        """This member's writes of the generation, for `commit_views` (plain data: ships over Ray)."""
+        return self._staged
+
+
+def commit_views(base: Replay, staged: list[tuple[int, StagedWrites]]) -> None:
+    """Replay each member's staged writes against the shared store, in member-index order."""
+    for _, writes in sorted(staged, key=lambda t: t[0]):
+        if writes:
+            base.apply_staged(writes)
+
+
+def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([np.asarray(p[name]) for p in parts]) for name in parts[0]}
