@@ -82,6 +82,7 @@ class TextTokenizer:
         unk = self.special.get("unk_token")
         self.unk_id = tok.token_to_id(unk) if unk is not None and not self.is_char else None
         self.unk_text = unk
+        self._char_ids = {t: i for t, i in tok.get_vocab().items() if len(t) == 1} if self.is_char else {}
 
     @classmethod
     def char(cls, chars: str) -> TextTokenizer:
@@ -97,6 +98,9 @@ class TextTokenizer:
         return cls(tokenizer_from_json(text), json.loads(special_json) if special_json else None)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.is_char:  # one character, one id: a dict lookup is ~50x faster than the Rust round trip per segment
+            ids = self._char_ids
+            return [[ids.get(c, 0) for c in text] for text in texts]  # unknown -> <pad>, as the tokenizer's unk
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
 
     def encode(self, text: str) -> list[int]:

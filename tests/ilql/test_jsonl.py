@@ -115,6 +115,26 @@ def test_rows_stream_into_the_store_and_match_the_built_in_wordle_mdp(games):
         assert rows["terminals"][i, a] and not rows["terminals"][i, :a].any()
 
 
+def test_rows_equal_the_episode_by_episode_encoding(tmp_path):
+    from agents.ilql.data import episodes_to_arrays
+    from agents.ilql.tasks.jsonl import _encode_records, encode_episode, read_records
+
+    cut = {"segments": [{"role": "agent", "text": "ab", "reward": 0.5}, {"role": "env", "text": ""},
+                        {"role": "agent", "text": "c", "reward": 2}], "terminal": False}
+    path = _write(tmp_path, [json.dumps(GOOD), json.dumps(cut), _bad(seg1_text="b", seg1_reward=-3)])
+    task = ILQLAgent.validate_task({"task": "jsonl", "path": str(path)})
+    jt = make_task(task)
+    rows = next(jt.iter_arrays())
+    records = list(read_records(path))
+    episodes = [encode_episode(r, ids, jt.tokenizer.bos_id)
+                for r, ids in zip(records, _encode_records(path, records, jt.tokenizer))]
+    expected = episodes_to_arrays(episodes, jt.max_tokens, jt.max_actions)
+    assert set(rows) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(rows[key], value, err_msg=key)
+    assert not rows["terminals"][1, 3] and rows["rewards"][1].tolist()[:3] == [0.0, 0.5, 2.0]
+
+
 def test_a_validated_table_is_not_rescanned_until_the_file_changes(tmp_path):
     path = _write(tmp_path, [json.dumps(GOOD)] * 4)
     task = ILQLAgent.validate_task({"task": "jsonl", "path": str(path)})

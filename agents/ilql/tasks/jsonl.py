@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.ilql.data import Episode, episodes_to_arrays
+from agents.ilql.data import Episode, validate_dataset
 from agents.ilql.tokenizer import TextTokenizer
 
 __all__ = ["JSONL_DEFAULTS", "JsonlTask", "Scan", "scan", "fingerprint", "read_records", "encode_episode",
@@ -96,36 +96,46 @@ def _parse(path: Path, line_no: int, line: str) -> Record | None:
     if not isinstance(segs, list) or not segs:
         raise _fail(path, line_no, "segments", f"expected a non-empty list of segments, found {segs!r}")
     out: list[tuple[str, str, float]] = []
+    agents = 0
     for i, seg in enumerate(segs):
-        name = f"segments[{i}]"
-        if not isinstance(seg, dict):
-            raise _fail(path, line_no, name, f"expected an object with role and text, found {seg!r}")
-        role = seg.get("role")
-        if role not in _ROLES:
-            raise _fail(path, line_no, f"{name}.role", f"expected 'env' or 'agent', found {role!r}")
-        missing = sorted(_SEGMENT_KEYS[role] - set(seg))
-        if missing:
-            raise _fail(path, line_no, f"{name}.{missing[0]}",
-                        f"missing key (a {role} segment needs {sorted(_SEGMENT_KEYS[role])})")
-        unknown = sorted(set(seg) - _SEGMENT_KEYS[role])
-        if unknown:
-            raise _fail(path, line_no, f"{name}.{unknown[0]}",
-                        f"unknown key for a {role} segment; expected {sorted(_SEGMENT_KEYS[role])}")
-        text = seg["text"]
-        if not isinstance(text, str):
-            raise _fail(path, line_no, f"{name}.text", f"expected a string, found {text!r}")
-        reward = 0.0
-        if role == "agent":
-            if not text:
-                raise _fail(path, line_no, f"{name}.text", "expected the action's text, found an empty string")
-            r = seg["reward"]
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-                raise _fail(path, line_no, f"{name}.reward", f"expected a finite number, found {r!r}")
-            reward = float(r)
-        out.append((role, text, reward))
-    if not any(role == "agent" for role, _, _ in out):
+        # the well-formed case in a few type checks; anything else takes `_segment`'s full check and error
+        if type(seg) is dict and type(seg.get("text")) is str:
+            role, text = seg.get("role"), seg["text"]
+            if role == "env" and len(seg) == 2:
+                out.append((role, text, 0.0))
+                continue
+            r = seg.get("reward")
+            if role == "agent" and len(seg) == 3 and text and type(r) in (float, int) and math.isfinite(r):
+                out.append((role, text, float(r)))
+                agents += 1
+                continue
+        _segment(path, line_no, i, seg)
+    if not agents:
         raise _fail(path, line_no, "segments", "expected at least one agent segment (an episode without actions teaches nothing)")
     return Record(line_no, out, rec["terminal"])
+
+
+def _segment(path: Path, line_no: int, i: int, seg: Any) -> None:
+    """Raise the error that names what is wrong with a malformed segment."""
+    name = f"segments[{i}]"
+    if not isinstance(seg, dict):
+        raise _fail(path, line_no, name, f"expected an object with role and text, found {seg!r}")
+    role = seg.get("role")
+    if role not in _ROLES:
+        raise _fail(path, line_no, f"{name}.role", f"expected 'env' or 'agent', found {role!r}")
+    missing = sorted(_SEGMENT_KEYS[role] - set(seg))
+    if missing:
+        raise _fail(path, line_no, f"{name}.{missing[0]}", f"missing key (a {role} segment needs {sorted(_SEGMENT_KEYS[role])})")
+    unknown = sorted(set(seg) - _SEGMENT_KEYS[role])
+    if unknown:
+        raise _fail(path, line_no, f"{name}.{unknown[0]}",
+                    f"unknown key for a {role} segment; expected {sorted(_SEGMENT_KEYS[role])}")
+    text = seg["text"]
+    if not isinstance(text, str):
+        raise _fail(path, line_no, f"{name}.text", f"expected a string, found {text!r}")
+    if not text:
+        raise _fail(path, line_no, f"{name}.text", "expected the action's text, found an empty string")
+    raise _fail(path, line_no, f"{name}.reward", f"expected a finite number, found {seg['reward']!r}")
 
 
 def read_records(path: str | Path) -> Iterator[Record]:
@@ -181,6 +191,41 @@ def encode_episode(rec: Record, seg_ids: list[list[int]], bos_id: int) -> Episod
         else:
             tokens.extend(ids)
     return Episode(tokens=tokens, action_idxs=action_idxs, rewards=rewards, done=rec.terminal)
+
+
+def _rows(records: list[Record], seg_ids: list[list[list[int]]], bos_id: int, max_tokens: int,
+          max_actions: int) -> dict[str, np.ndarray]:
+    """Padded replay rows straight from the segments (the layout of `agents.ilql.data`, which
+    `encode_episode` + `episodes_to_arrays` also build, one Episode at a time)."""
+    n = len(records)
+    tokens = np.zeros((n, max_tokens), np.int64)
+    lengths = np.zeros(n, np.int64)
+    action_idxs = np.zeros((n, max_actions), np.int64)
+    n_actions = np.zeros(n, np.int64)
+    rewards = np.zeros((n, max_actions), np.float32)
+    tokens[:, 0] = bos_id
+    for i, (rec, ids) in enumerate(zip(records, seg_ids)):
+        pos, a = 1, 0
+        for (role, _, reward), s in zip(rec.segments, ids):
+            k = len(s)
+            if pos + k > max_tokens or (role == "agent" and a + k > max_actions):
+                raise _fail(Path("<file changed since it was scanned>"), rec.line, "", "episode longer than the scan found")
+            tokens[i, pos:pos + k] = s
+            if role == "agent":
+                action_idxs[i, a:a + k] = np.arange(pos - 1, pos - 1 + k)
+                rewards[i, a + k - 1] = reward
+                a += k
+            pos += k
+        lengths[i], n_actions[i] = pos, a
+    slots = np.arange(max_actions)
+    action_mask = slots[None, :] < n_actions[:, None]
+    state_idxs = np.concatenate([np.where(action_mask, action_idxs, (lengths - 1)[:, None]), (lengths - 1)[:, None]], 1)
+    terminals = np.ones((n, max_actions + 1), bool)
+    terminals[:, :max_actions] = ~action_mask
+    terminals[np.arange(n), n_actions] = [rec.terminal for rec in records]
+    return validate_dataset({
+        "tokens": tokens, "attn_mask": np.arange(max_tokens)[None, :] < lengths[:, None], "action_idxs": action_idxs,
+        "state_idxs": state_idxs, "rewards": rewards, "terminals": terminals, "action_mask": action_mask})
 
 
 @dataclass
@@ -328,11 +373,10 @@ class JsonlTask:
         start = 0
         for records in _batches(self.path, chunk_rows or self.settings["chunk_rows"]):
             seg_ids = _encode_records(self.path, records, self.tokenizer)
-            episodes = [encode_episode(r, ids, self.tokenizer.bos_id) for r, ids in zip(records, seg_ids)]
-            arrays = episodes_to_arrays(episodes, self.max_tokens, self.max_actions)
+            arrays = _rows(records, seg_ids, self.tokenizer.bos_id, self.max_tokens, self.max_actions)
             if row_field is not None:
-                arrays[row_field] = np.arange(start, start + len(episodes), dtype=np.int64)
-            start += len(episodes)
+                arrays[row_field] = np.arange(start, start + len(records), dtype=np.int64)
+            start += len(records)
             yield arrays
 
     def arrays(self) -> dict[str, np.ndarray]:
