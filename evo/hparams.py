@@ -57,6 +57,10 @@ class HParam:
             return
         if (self.min is None) != (self.max is None):
             raise HParamError("min/max: give both bounds or neither")
+        for bound in ("min", "max"):  # TOML allows inf/nan; a range must be a real interval to clip and sample in
+            v = getattr(self, bound)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise HParamError(f"{bound}: expected a finite number, found {v!r}")
         if self.kind == "int" and not float(self.value).is_integer():
             raise HParamError(f"value: expected an integer, found {self.value!r}")
         if self.min is not None:

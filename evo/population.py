@@ -12,17 +12,19 @@ Words: a member's *fitness* is one evaluation; its *score* is the mean of its la
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from evo.agent import Agent, AgentContext
+from evo.faults import Failure, GenerationFailed
 from evo.mutation import apply_mutation
 from evo.observer import RunObserver
 from evo.rng import generation_rng, member_seed
 from evo.runstore import EvaluatedMember, MemberRecord, RunStore
-from evo.scheduler.base import Scheduler
+from evo.scheduler.base import MemberResult, Scheduler
 from evo.selection import fitness_score, tournament_select
 from evo.spec import Experiment
 
@@ -53,11 +55,13 @@ def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
     return members
 
 
-def next_generation(members: list[Member], scores: list[float], generation: int, exp: Experiment) -> list[Member]:
-    """Select by `scores` and mutate: the population that starts generation `generation`."""
+def next_generation(members: list[Member], scores: list[float], generation: int, exp: Experiment,
+                    eligible: list[bool] | None = None) -> list[Member]:
+    """Select by `scores` and mutate: the population that starts generation `generation`.
+    Members not `eligible` (failed this generation) are neither elite nor parent."""
     rng = generation_rng(exp.seed, generation)
     elite, parents = tournament_select(scores, len(members), exp.selection.tournament_size,
-                                       exp.selection.elitism, rng)
+                                       exp.selection.elitism, rng, eligible=eligible)
     next_index = max(m.index for m in members) + 1
     out: list[Member] = []
     if elite is not None:
@@ -85,19 +89,21 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
         context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
-        return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member))), context
-    import ray
-
+        return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context), context
     from evo.scheduler.ray import RayScheduler, init_ray
+    from evo.scheduler.resources import check_cluster, local_machine, plan_workers
 
-    init_ray(address or exp.resources.address)
+    res = exp.resources
+    address = address or res.address or os.environ.get("RAY_ADDRESS")
+    here = None if address else local_machine()
+    if here is not None:  # a local cluster cannot give what this machine lacks: say so before starting one
+        plan_workers(res, exp.population.size, here)
+    init_ray(address)
+    workers = check_cluster(res, exp.population.size)  # an impossible request fails now, not after timeout_s
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
     context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
-    cpus = ray.cluster_resources().get("CPU", 1)
-    res = exp.resources
-    workers = res.num_workers or max(1, min(exp.population.size, int(cpus // res.cpus_per_member)))
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
-                        res.timeout_s), context
+                        res.timeout_s, res.max_failures, res.custom_resources), context
 
 
 def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: AgentContext,
@@ -117,7 +123,9 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
     for generation in range(start, total):
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
-        results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer)
+        results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,
+                                           generation=generation)
+        record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []
         for member, result in zip(members, results):
             member.agent = result.agent
@@ -128,7 +136,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             evaluated.append(EvaluatedMember(member.record, float(result.evaluation.fitness), score,
                                              dict(result.evaluation.metrics), result.train_metrics,
                                              member.agent.get_state(), result.wall_s))
-        children = next_generation(members, scores, generation + 1, exp)
+        children = next_generation(members, scores, generation + 1, exp, eligible=[not r.failed for r in results])
         if context.replay is not None:
             store.snapshot_replay(context.replay, generation)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],
@@ -136,3 +144,14 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         observer.generation_done(generation, store.evaluations(generation))
         members = children
     store.set(status="completed")
+
+def record_failures(store: RunStore, generation: int, results: list[MemberResult]) -> list[Failure]:
+    """Write every failed attempt of the generation to the run store (retried ones too); raise
+    `GenerationFailed` if no member came through."""
+    events = [f for r in results for f in [*r.retries, *([r.failure] if r.failure else [])]]
+    if events:
+        store.record_failures(events)
+    failed = [r.failure for r in results if r.failure is not None]
+    if results and len(failed) == len(results):
+        raise GenerationFailed(generation, failed)
+    return failed

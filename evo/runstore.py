@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from evo.checkpoint import load_state, save_state
+from evo.faults import Failure
 from evo.replay.protocol import Replay
 
 __all__ = ["RunStore", "RunStoreError", "MemberRecord", "EvaluatedMember", "DB_NAME"]
@@ -93,6 +94,15 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (np.floating,)):
         return float(obj)
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+# one row per failed attempt of a member (evo.faults.Failure); created on first use
+_FAILURES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS failures (
+    generation INTEGER NOT NULL, idx INTEGER NOT NULL, attempt INTEGER NOT NULL, kind TEXT NOT NULL,
+    message TEXT NOT NULL, retried INTEGER NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (generation, idx, attempt));
+"""
 
 
 class RunStore:
@@ -227,6 +237,25 @@ class RunStore:
             return False
         replay.load_snapshot(directory)
         return True
+
+    # ---- failures (docs/faults.md) --------------------------------------------------------------
+    def record_failures(self, failures: list[Failure]) -> None:
+        """Record failed attempts (lost workers, divergences, errors, timeouts), retried or not.
+        Idempotent per (generation, member, attempt): a generation redone after a crash overwrites."""
+        with self._transaction() as db:
+            db.execute(_FAILURES_SCHEMA)  # created on first use: runs from before it read as "no failures"
+            for f in failures:
+                db.execute("INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (f.generation, f.index, f.attempt, f.kind, f.message, int(f.retried), time.time()))
+
+    def failures(self, generation: int | None = None) -> list[Failure]:
+        """Failed attempts, oldest first (of one `generation`, or all)."""
+        present = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'failures'").fetchone()
+        if present is None:
+            return []
+        where, args = ("WHERE generation = ?", (generation,)) if generation is not None else ("", ())
+        rows = self._db.execute(f"SELECT * FROM failures {where} ORDER BY generation, idx, attempt", args).fetchall()
+        return [Failure(r["idx"], r["kind"], r["message"], r["attempt"], r["generation"], bool(r["retried"])) for r in rows]
 
     def _prune(self, generation: int) -> None:
         """Drop checkpoints no longer needed: older start states, and trained states that were not a generation's best."""

@@ -102,6 +102,23 @@ class ResourcesSpec(_Strict):
     gpus_per_member: float = Field(default=0.0, ge=0)
     address: str | None = None
     timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
+    max_failures: int = Field(default=2, ge=0,
+                              description="times one member is retried in a generation after its worker died (docs/faults.md)")
+    custom_resources: dict[str, float] = Field(default_factory=dict,
+                                               description="Ray custom resources each member's actor needs, e.g. {tpu = 1}")
+    wait_for_resources_s: float = Field(default=0.0, ge=0,
+                                        description="an autoscaling cluster: seconds to wait for the resources asked "
+                                                    "to appear before failing (0: check once, fail at once)")
+
+    @field_validator("custom_resources")
+    @classmethod
+    def _custom_names(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"expected a custom resource name, found {name!r} (use cpus_per_member / gpus_per_member)")
+            if not amount > 0:
+                raise ValueError(f"expected a positive amount for {name!r}, found {amount}")
+        return v
 
 
 class ExperimentSpec(_Strict):

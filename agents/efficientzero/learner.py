@@ -31,6 +31,7 @@ from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
 from agents.efficientzero.model import Unroll
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
 from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
+from evo.faults import check_finite
 from evo.replay import Replay
 
 __all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "reanalyse_policy", "loss_terms", "fused_loss",
@@ -186,6 +187,7 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     weights = {name: float(hp[name]) for name in LOSS_WEIGHTS.values()}
     terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
                        {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
+    check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))

@@ -22,7 +22,7 @@ Rules (MuZero / EfficientZero):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover
             return args[0]
         return lambda f: f
 
-__all__ = ["MCTSConfig", "SearchResult", "BatchedMCTS", "select_actions", "SearchModel"]
+__all__ = ["MCTSConfig", "SearchResult", "BatchedMCTS", "search", "select_actions", "SearchModel"]
 
 PB_C_BASE = 19652.0
 PB_C_INIT = 1.25
@@ -126,10 +126,15 @@ def _normalize(q: float, lo: float, hi: float, floor: float) -> float:
 
 
 @njit(cache=True)
-def _select(children, prior, visits, value_sum, reward, minmax, discount, floor, path, path_len,
-            out_parent, out_action):
+def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor, path, path_len,
+            out_parent, out_action, live):
     B, _, A = children.shape
     for b in range(B):
+        if not live[b]:  # this tree's simulations are spent: its (ignored) network input is its root
+            out_parent[b] = 0
+            out_action[b] = 0
+            continue
+        discount = discounts[b]
         node = 0
         depth = 0
         path[b, 0] = 0
@@ -174,12 +179,15 @@ def _select(children, prior, visits, value_sum, reward, minmax, discount, floor,
 
 @njit(cache=True)
 def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_support, reward_support,
-                   children, prior, visits, value_sum, reward, vprefix, depth, minmax, discount,
-                   horizon, path, path_len):
+                   children, prior, visits, value_sum, reward, vprefix, depth, minmax, discounts,
+                   horizon, path, path_len, live):
     B = children.shape[0]
     A = num_actions
     nv = 2 * value_support + 1
     for b in range(B):
+        if not live[b]:
+            continue
+        discount = discounts[b]
         parent = out_parent[b]
         children[b, parent, out_action[b]] = leaf
         d = depth[b, parent] + 1
@@ -217,77 +225,100 @@ class BatchedMCTS:
             add_noise: bool = False, num_simulations: int | None = None) -> SearchResult:
         cfg = self.config
         sims = int(num_simulations or cfg.num_simulations)
-        obs_t = torch.as_tensor(obs)
-        latent = model.represent(obs_t)
-        policy_logits, value_logits = model.predict(latent)
-        B, A = policy_logits.shape
-        N = sims + 1
-        vs, rs = int(model.value_support), int(model.reward_support)
-
-        children = np.full((B, N, A), -1, dtype=np.int32)
-        prior = np.zeros((B, N, A), dtype=np.float64)
-        visits = np.zeros((B, N), dtype=np.int64)
-        value_sum = np.zeros((B, N), dtype=np.float64)
-        reward = np.zeros((B, N), dtype=np.float64)
-        vprefix = np.zeros((B, N), dtype=np.float64)
-        depth = np.zeros((B, N), dtype=np.int64)
-        minmax = np.empty((B, 2), dtype=np.float64)
-        minmax[:, 0], minmax[:, 1] = np.inf, -np.inf
-        path = np.zeros((B, N + 1), dtype=np.int64)
-        path_len = np.zeros(B, dtype=np.int64)
-        out_parent = np.zeros(B, dtype=np.int64)
-        out_action = np.zeros(B, dtype=np.int64)
-
-        # root: priors (with noise when collecting) and one visit carrying its predicted value
-        root_logits = policy_logits.double().numpy()
-        root_prior = np.exp(root_logits - root_logits.max(1, keepdims=True))
-        root_prior /= root_prior.sum(1, keepdims=True)
+        B = int(torch.as_tensor(obs).shape[0])
+        noise = None
         if add_noise:
             if rng is None:
                 raise ValueError("add_noise=True needs a numpy Generator (rng) for the Dirichlet noise")
-            noise = rng.dirichlet([cfg.dirichlet_alpha] * A, size=B)
-            root_prior = (1 - cfg.exploration_fraction) * root_prior + cfg.exploration_fraction * noise
-        prior[:, 0] = root_prior
-        value_np = value_logits.double().numpy()
-        visits[:, 0] = 1
-        for b in range(B):
-            value_sum[b, 0] = _support_scalar(value_np[b], vs)
+            noise = lambda A: rng.dirichlet([cfg.dirichlet_alpha] * A, size=B)
+        return search(model, obs, np.full(B, cfg.discount), np.full(B, sims, dtype=np.int64), int(cfg.lstm_horizon_len),
+                      noise, np.full(B, cfg.exploration_fraction), cfg.value_min_max_delta)
 
-        # node buffers, flat: entry n * B + b holds node n of tree b (index_select beats 2-D indexing)
-        D = latent.shape[1:]
-        h0, c0 = model.initial_hidden(B)
-        lat_buf = latent.new_empty((N * B, *D))
-        h_buf = h0.new_empty((N * B, *h0.shape[1:]))
-        c_buf = c0.new_empty((N * B, *c0.shape[1:]))
-        lat_buf[:B], h_buf[:B], c_buf[:B] = latent, h0, c0
-        col = np.arange(B)
-        horizon = int(cfg.lstm_horizon_len)
 
-        for s in range(sims):
-            leaf = s + 1
-            _select(children, prior, visits, value_sum, reward, minmax, cfg.discount, cfg.value_min_max_delta,
-                    path, path_len, out_parent, out_action)
-            flat = torch.from_numpy(out_parent * B + col)
-            lat, (h, c), vp_logits = model.dynamics(lat_buf.index_select(0, flat), torch.from_numpy(out_action),
-                                                    (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
-            p_logits, v_logits = model.predict(lat)
-            rows = slice(leaf * B, (leaf + 1) * B)
-            lat_buf[rows] = lat
-            # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)
-            reset = (depth[col, out_parent] + 1) % horizon == 0
-            if reset.any():
-                keep = torch.from_numpy(~reset).to(h.dtype).unsqueeze(1)
-                h, c = h * keep, c * keep
-            h_buf[rows], c_buf[rows] = h, c
-            outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).numpy()
-            _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
-                           reward, vprefix, depth, minmax, cfg.discount, horizon, path, path_len)
+@torch.no_grad()
+def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.ndarray, simulations: np.ndarray,
+           lstm_horizon_len: int, noise: Callable[[int], np.ndarray] | None = None,
+           exploration_fractions: np.ndarray | None = None, value_min_max_delta: float = 0.01) -> SearchResult:
+    """B trees searched in lock-step, each with its own discount and simulation budget.
 
-        root_children = children[:, 0]
-        counts = np.where(root_children >= 0, np.take_along_axis(visits, np.maximum(root_children, 0), 1), 0)
-        root_values = value_sum[:, 0] / visits[:, 0]
-        policy = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-        return SearchResult(counts, root_values, policy, root_prior)
+    `noise(A)`, when given, returns the [B, A] Dirichlet noise mixed into the root priors at each
+    root's `exploration_fractions`. `BatchedMCTS.run` is this with one config for every root; a
+    population's searches run as one call here with each member's settings on its own roots (a
+    tree whose budget is spent stops; the network still sees a row for it, which is ignored).
+    """
+    obs_t = torch.as_tensor(obs)
+    latent = model.represent(obs_t)
+    policy_logits, value_logits = model.predict(latent)
+    B, A = policy_logits.shape
+    discounts = np.ascontiguousarray(discounts, dtype=np.float64)
+    simulations = np.asarray(simulations, dtype=np.int64)
+    sims = int(simulations.max()) if B else 0
+    N = sims + 1
+    vs, rs = int(model.value_support), int(model.reward_support)
+
+    children = np.full((B, N, A), -1, dtype=np.int32)
+    prior = np.zeros((B, N, A), dtype=np.float64)
+    visits = np.zeros((B, N), dtype=np.int64)
+    value_sum = np.zeros((B, N), dtype=np.float64)
+    reward = np.zeros((B, N), dtype=np.float64)
+    vprefix = np.zeros((B, N), dtype=np.float64)
+    depth = np.zeros((B, N), dtype=np.int64)
+    minmax = np.empty((B, 2), dtype=np.float64)
+    minmax[:, 0], minmax[:, 1] = np.inf, -np.inf
+    path = np.zeros((B, N + 1), dtype=np.int64)
+    path_len = np.zeros(B, dtype=np.int64)
+    out_parent = np.zeros(B, dtype=np.int64)
+    out_action = np.zeros(B, dtype=np.int64)
+
+    # root: priors (with noise when collecting) and one visit carrying its predicted value
+    root_logits = policy_logits.double().numpy()
+    root_prior = np.exp(root_logits - root_logits.max(1, keepdims=True))
+    root_prior /= root_prior.sum(1, keepdims=True)
+    if noise is not None:
+        fraction = np.asarray(exploration_fractions, dtype=np.float64)[:, None]
+        root_prior = (1 - fraction) * root_prior + fraction * noise(A)
+    prior[:, 0] = root_prior
+    value_np = value_logits.double().numpy()
+    visits[:, 0] = 1
+    for b in range(B):
+        value_sum[b, 0] = _support_scalar(value_np[b], vs)
+
+    # node buffers, flat: entry n * B + b holds node n of tree b (index_select beats 2-D indexing)
+    D = latent.shape[1:]
+    h0, c0 = model.initial_hidden(B)
+    lat_buf = latent.new_empty((N * B, *D))
+    h_buf = h0.new_empty((N * B, *h0.shape[1:]))
+    c_buf = c0.new_empty((N * B, *c0.shape[1:]))
+    lat_buf[:B], h_buf[:B], c_buf[:B] = latent, h0, c0
+    col = np.arange(B)
+    horizon = int(lstm_horizon_len)
+
+    for s in range(sims):
+        leaf = s + 1
+        live = simulations > s
+        _select(children, prior, visits, value_sum, reward, minmax, discounts, value_min_max_delta,
+                path, path_len, out_parent, out_action, live)
+        flat = torch.from_numpy(out_parent * B + col)
+        lat, (h, c), vp_logits = model.dynamics(lat_buf.index_select(0, flat), torch.from_numpy(out_action),
+                                                (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
+        p_logits, v_logits = model.predict(lat)
+        rows = slice(leaf * B, (leaf + 1) * B)
+        lat_buf[rows] = lat
+        # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)
+        reset = (depth[col, out_parent] + 1) % horizon == 0
+        if reset.any():
+            keep = torch.from_numpy(~reset).to(h.dtype).unsqueeze(1)
+            h, c = h * keep, c * keep
+        h_buf[rows], c_buf[rows] = h, c
+        outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).numpy()
+        _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
+                       reward, vprefix, depth, minmax, discounts, horizon, path, path_len, live)
+
+    root_children = children[:, 0]
+    counts = np.where(root_children >= 0, np.take_along_axis(visits, np.maximum(root_children, 0), 1), 0)
+    root_values = value_sum[:, 0] / visits[:, 0]
+    policy = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    return SearchResult(counts, root_values, policy, root_prior)
 
 
 def select_actions(visit_counts: np.ndarray, temperature: float, rng: np.random.Generator | None) -> np.ndarray:

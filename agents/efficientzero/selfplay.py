@@ -13,17 +13,17 @@ Rows (see `replay_schema`): obs, action, reward, terminal, the search's root vis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from agents.efficientzero.envs import make_vector_env
-from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, select_actions
+from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult, select_actions
 from evo.replay import Field, Replay, Schema
 
-__all__ = ["SelfPlay", "replay_schema", "EPISODE_SHIFT"]
+__all__ = ["SelfPlay", "replay_schema", "drive", "EPISODE_SHIFT"]
 
 #: episode ids are (member index << EPISODE_SHIFT) | the member's episode counter: unique in a run
 EPISODE_SHIFT = 40
@@ -83,6 +83,16 @@ class SelfPlay:
         """Collect at least `steps` env steps (a multiple of `num_envs`) searching with `model`
         (Dirichlet noise at the root, actions sampled at `collect_temperature`); `after_step(num_envs)`
         runs after every vector step. Returns the returns of the episodes that finished."""
+        mcts = BatchedMCTS(MCTSConfig.from_hparams(hp))
+        model.eval()
+        return drive(self.segment(hp, rng, replay, member_index, steps, after_step),
+                     lambda obs: mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), rng, add_noise=True))
+
+    def segment(self, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay, member_index: int, steps: int,
+                after_step: Callable[[int], None]) -> Generator[np.ndarray, SearchResult, list[float]]:
+        """`collect` without the search: yields each vector step's observations and expects the search
+        result for them (made with `rng`'s root noise) in return. A fused trainer drives several
+        members' segments with one search over all their roots; `collect` drives one."""
         n = int(self.task["num_envs"])
         if self._envs is None:
             self._envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
@@ -93,12 +103,10 @@ class SelfPlay:
         ep_steps = [0] * n
         returns = np.zeros(n)
         finished: list[float] = []
-        mcts = BatchedMCTS(MCTSConfig.from_hparams(hp))
         temperature = float(hp["collect_temperature"])
         collected = 0
-        model.eval()
         while collected < steps:
-            result = mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), rng, add_noise=True)
+            result = yield obs
             actions = select_actions(result.visit_counts, temperature, rng)
             next_obs, reward, term, trunc, _ = envs.step(actions)
             for i in range(n):
@@ -127,13 +135,19 @@ class SelfPlay:
             after_step(n)
         for i in range(n):
             _flush(replay, buffers[i], ep_ids[i])
-        model.eval()
         return finished
 
     def evaluate(self, model: torch.nn.Module, hp: Mapping[str, Any], run_seed: int) -> dict[str, float]:
         """`eval_episodes` greedy episodes (search without noise, argmax of visits, `eval_simulations`
         or else `num_simulations`), from starts fixed by the run seed so every member of a run faces
         the same ones. Returns `eval_return` (mean), `eval_return_std` and `eval_length`."""
+        mcts = BatchedMCTS(MCTSConfig.from_hparams(hp, int(hp["eval_simulations"]) or None))
+        model.eval()
+        return drive(self.evaluation(run_seed),
+                     lambda obs: mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False))
+
+    def evaluation(self, run_seed: int) -> Generator[np.ndarray, SearchResult, dict[str, float]]:
+        """`evaluate` without the search: yields observations, expects their (noise-free) search result."""
         n = int(self.task["eval_episodes"])
         if self._eval_envs is None:
             self._eval_envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
@@ -141,10 +155,8 @@ class SelfPlay:
         obs, _ = envs.reset(seed=int(run_seed) * 7919 + 12345)
         returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         done = np.zeros(n, dtype=bool)
-        mcts = BatchedMCTS(MCTSConfig.from_hparams(hp, int(hp["eval_simulations"]) or None))
-        model.eval()
         while not done.all():
-            result = mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False)
+            result = yield obs
             actions = select_actions(result.visit_counts, 0.0, None)
             obs, reward, term, trunc, _ = envs.step(actions)
             live = ~done
@@ -153,3 +165,14 @@ class SelfPlay:
             done |= term | trunc
         return {"eval_return": float(returns.mean()), "eval_return_std": float(returns.std()),
                 "eval_length": float(lengths.mean())}
+
+
+def drive(steps: Generator[np.ndarray, SearchResult, Any], search: Callable[[np.ndarray], SearchResult]) -> Any:
+    """Run a `segment` / `evaluation` generator to its end, answering each observation with `search(obs)`;
+    returns the generator's return value."""
+    try:
+        obs = next(steps)
+        while True:
+            obs = steps.send(search(obs))
+    except StopIteration as stop:
+        return stop.value

@@ -2,30 +2,49 @@
 
 A scheduler receives agents and gives back trained agents with their evaluations. Where the work
 runs (this process, Ray actors on other cores, GPUs or machines) is its business alone; the
-generation loop cannot tell the difference, and for the same seed both backends give the same
-results when members do not share mutable state. Each backend also builds the run's shared
+generation loop cannot tell the difference: for the same seed every backend gives the same
+results, also for members sharing the run's replay store, because each member reads and writes
+it through its own view for the generation (`evo.replay.view`), whose staged writes the scheduler
+commits in member order once every member is done. Each backend also builds the run's shared
 replay store where its members can reach it (`build_replay`).
+
+A member that fails does not fail the generation: its result carries a `Failure` (docs/faults.md)
+and the generation loop gives it fitness −inf. Only a lost worker is retried.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from evo.agent import Agent, Evaluation
+from evo.agent import Agent, AgentContext, Evaluation
+from evo.faults import Diverged, Failure, describe_exception
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 
-__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate"]
+__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "member_context",
+           "failed_result"]
 
 
 @dataclass
 class MemberResult:
+    """One member's outcome in one generation. With `failure` set the member failed: `agent` is
+    its generation-start state and `evaluation.fitness` is −inf. `retries` are the lost attempts
+    that were retried before this outcome."""
+
     agent: Agent
     evaluation: Evaluation
     train_metrics: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    failure: Failure | None = None
+    retries: list[Failure] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
 
 
 class MemberFailed(RuntimeError):
@@ -41,17 +60,70 @@ class Scheduler(Protocol):
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
         """The run's shared store, placed where this backend's members reach it."""
 
-    def run_generation(self, agents: list[Agent], steps: int,
-                       observer: RunObserver | None = None) -> list[MemberResult]:
-        """Train each agent for `steps` and evaluate it; results in the order of `agents`.
-        A member that raises or times out surfaces as `MemberFailed`."""
+    def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
+                       generation: int = 0) -> list[MemberResult]:
+        """Train each agent for `steps` and evaluate it; results in the order of `agents`, failed
+        members included (`MemberResult.failure`). `generation` seeds the members' replay views."""
 
     def close(self) -> None:
         """Release workers and services."""
 
 
-def train_and_evaluate(agent: Agent, steps: int) -> tuple[dict[str, float], Evaluation, float]:
+def train_and_evaluate(agent: Agent, steps: int,
+                       on_evaluate: Callable[[], None] | None = None) -> tuple[dict[str, float], Evaluation, float]:
+    """Train, then evaluate (calling `on_evaluate` in between, for live displays); returns
+    (train metrics, evaluation, wall seconds). Raises `Diverged` when a loss metric, a parameter
+    or the fitness is not finite."""
     start = time.perf_counter()
-    metrics = agent.train(steps)
+    metrics = dict(agent.train(steps) or {})
+    check_trained(agent, metrics)
+    if on_evaluate is not None:
+        on_evaluate()
     evaluation = agent.evaluate()
-    return dict(metrics or {}), evaluation, time.perf_counter() - start
+    if not math.isfinite(float(evaluation.fitness)):
+        raise Diverged(f"fitness is {evaluation.fitness}")
+    return metrics, evaluation, time.perf_counter() - start
+
+
+def check_trained(agent: Agent, metrics: dict[str, float]) -> None:
+    """The engine's own divergence checks after `train`: every loss metric finite, and (for agents
+    that list their networks) every parameter finite. One pass over the weights: cheap next to training."""
+    for name, value in metrics.items():
+        if "loss" in name and isinstance(value, (int, float)) and not math.isfinite(value):
+            raise Diverged(f"training metric {name} is {value}")
+    networks = getattr(agent, "networks", None)
+    if networks is None:
+        return
+    import torch
+
+    for net_name, net in networks().items():
+        for name, p in net.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                raise Diverged(f"parameter {net_name}.{name} is not finite after training")
+
+
+def attempt_member(agent: Agent, steps: int, on_evaluate: Callable[[], None] | None = None
+                   ) -> tuple[dict[str, float], Evaluation | None, float, tuple[str, str] | None]:
+    """`train_and_evaluate`, with what went wrong caught: (metrics, evaluation, wall_s, failure),
+    where failure is None or (kind, message) with kind "diverged", "error", or "lost" (a Ray error
+    inside the member, e.g. the replay service unreachable: not the member's fault, so retried)."""
+    start = time.perf_counter()
+    try:
+        metrics, evaluation, wall = train_and_evaluate(agent, steps, on_evaluate)
+        return metrics, evaluation, wall, None
+    except Diverged as exc:
+        return {}, None, time.perf_counter() - start, ("diverged", str(exc))
+    except Exception as exc:
+        kind = "lost" if type(exc).__module__.startswith("ray.") else "error"
+        return {}, None, time.perf_counter() - start, (kind, describe_exception(exc))
+
+
+def member_context(context: AgentContext, replay: Replay | None) -> AgentContext:
+    """The run's context with a member's own view of the shared replay store."""
+    return AgentContext(task=context.task, replay=replay, device=context.device, seed=context.seed)
+
+
+def failed_result(agent: Agent, failure: Failure, wall_s: float = 0.0,
+                  retries: list[Failure] | None = None) -> MemberResult:
+    """The result of a member that failed: its start state, fitness −inf, no metrics."""
+    return MemberResult(agent, Evaluation(-math.inf, {}), {}, wall_s, failure, list(retries or []))

@@ -1,17 +1,26 @@
-"""Train members one after another in this process: for debugging and fast tests."""
+"""Train members one after another in this process: for debugging and fast tests.
+
+Members that share the run's replay store each train on their own view of it (evo.replay.view),
+rebuilt from their state with that view; the views' staged writes are committed in member order
+after the last member, exactly as the Ray backend does, so both give the same results.
+"""
 
 from __future__ import annotations
 
-from evo.agent import Agent
+from evo.agent import Agent, AgentContext, clone_tree
+from evo.faults import Failure
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
-from evo.scheduler.base import MemberFailed, MemberResult, train_and_evaluate
+from evo.replay.view import MemberView, commit_views, view_seed
+from evo.scheduler.base import MemberResult, attempt_member, failed_result, member_context
 
 __all__ = ["InlineScheduler"]
 
 
 class InlineScheduler:
-    def __init__(self, threads: int | None = 1) -> None:
+    def __init__(self, threads: int | None = 1, context: AgentContext | None = None) -> None:
+        """`context`: the run's context; its replay store (if any) is read through member views."""
+        self.context = context
         if threads:
             import torch
 
@@ -23,18 +32,39 @@ class InlineScheduler:
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
         return build_replay(spec, seed, distributed=False)
 
-    def run_generation(self, agents: list[Agent], steps: int,
-                       observer: RunObserver | None = None) -> list[MemberResult]:
+    def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
+                       generation: int = 0) -> list[MemberResult]:
         observer = observer or RunObserver()
-        results = []
+        shared = self.context.replay if self.context is not None else None
+        basis = shared.view_basis() if shared is not None else None
+        results, staged = [], []
         for agent in agents:
             observer.member_event(agent.index, "training", {})
-            try:
-                metrics, evaluation, wall = train_and_evaluate(agent, steps)
-            except Exception as exc:
-                raise MemberFailed(agent.index, f"{type(exc).__name__}: {exc}") from exc
-            results.append(MemberResult(agent, evaluation, metrics, wall))
+            context = self.context or getattr(agent, "context", AgentContext())
+            view = None
+            if basis is not None:
+                view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation))
+                member = type(agent).from_state(agent.get_state(), member_context(context, view))
+                start = None
+            else:  # trained in place; its start state kept in case it fails
+                member, start = agent, clone_tree(agent.get_state())
+            metrics, evaluation, wall, failure = attempt_member(
+                member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}))
+            if failure is not None:
+                kind, message = failure
+                # inline, "lost" can only mean a Ray error inside the member: nothing to retry on
+                f = Failure(agent.index, kind, message, 1, generation)
+                before = agent if start is None else type(agent).from_state(start, context)
+                results.append(failed_result(before, f, wall))
+                observer.member_event(agent.index, "failed", {"error": f"{kind}: {message}", "kind": kind})
+                continue
+            if view is not None:
+                staged.append((agent.index, view.staged()))
+                member = type(agent).from_state(member.get_state(), context)  # let go of the view
+            results.append(MemberResult(member, evaluation, metrics, wall))
             observer.member_event(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
+        if shared is not None:
+            commit_views(shared, staged)
         return results
 
     def close(self) -> None:
