@@ -48,7 +48,11 @@ TASK_DEFAULTS: dict[str, Any] = {
     "min_replay": 256,
     "priority_alpha": 0.6,
     "priority_beta": 0.4,
+    # the networks' floating-point type; "float64" makes fused and one-by-one training agree to rounding
+    "dtype": "float32",
 }
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class EfficientZeroAgent(TorchAgent):
@@ -148,6 +152,8 @@ class EfficientZeroAgent(TorchAgent):
                 raise ValueError(f"task.{key}: expected a positive integer, found {out[key]!r}")
         if not isinstance(out["env_kwargs"], dict):
             raise ValueError(f"task.env_kwargs: expected a table, found {out['env_kwargs']!r}")
+        if out["dtype"] not in DTYPES:
+            raise ValueError(f"task.dtype: expected one of {sorted(DTYPES)}, found {out['dtype']!r}")
         try:
             env_spaces(out["env_id"], out["env_kwargs"])
         except ValueError:
@@ -178,7 +184,7 @@ class EfficientZeroAgent(TorchAgent):
         self.hparams = {**defaults, **hparams}
         self.obs_shape, self.num_actions = env_spaces(self.task["env_id"], self.task["env_kwargs"])
         self.init_rng(seed)
-        self.model = build_model(self.obs_shape, self.num_actions, self.arch, self.generator)
+        self.model = build_model(self.obs_shape, self.num_actions, self.arch, self.generator).to(DTYPES[self.task["dtype"]])
         self.arch.update(self.model.arch())
         self.target_model = copy.deepcopy(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hparams["lr"],

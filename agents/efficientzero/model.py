@@ -425,7 +425,8 @@ class EfficientZeroMLP(_ModelBase):
         self.proj = _Projection(latent, int(arch["proj_size"]), act)
 
     def represent(self, obs: torch.Tensor) -> torch.Tensor:
-        return _minmax(self.representation(obs.flatten(1).float()))
+        # the networks' own dtype (float64 members in exactness tests), not always float32
+        return _minmax(self.representation(obs.flatten(1).to(self.representation.fc_in.weight.dtype)))
 
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.prediction(latent)
@@ -514,7 +515,7 @@ class EfficientZeroConv(_ModelBase):
         self.proj = _Projection(channels * hw[0] * hw[1], int(arch["proj_size"]), act)
 
     def represent(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.stem(obs.float())
+        x = self.stem(obs.to(self.stem[0].weight.dtype))
         for block in self.rep_blocks:
             x = block(x)
         return _minmax(x)

@@ -89,10 +89,14 @@ class SelfPlay:
                      lambda obs: mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), rng, add_noise=True))
 
     def segment(self, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay, member_index: int, steps: int,
-                after_step: Callable[[int], None]) -> Generator[np.ndarray, SearchResult, list[float]]:
+                after_step: Callable[[int], None] | None) -> Generator[np.ndarray | None, SearchResult | None, list[float]]:
         """`collect` without the search: yields each vector step's observations and expects the search
         result for them (made with `rng`'s root noise) in return. A fused trainer drives several
-        members' segments with one search over all their roots; `collect` drives one."""
+        members' segments with one search over all their roots; `collect` drives one.
+
+        With `after_step=None` the generator yields None after each vector step instead of calling
+        it (resume it with `send(None)`): a fused driver learns for every member there, in the
+        place `after_step` would have run — before the segment's final rows are flushed."""
         n = int(self.task["num_envs"])
         if self._envs is None:
             self._envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
@@ -132,7 +136,10 @@ class SelfPlay:
                     ep_ids[i] = self._new_episode_id(member_index)
             obs = next_obs
             collected += n
-            after_step(n)
+            if after_step is None:
+                yield None
+            else:
+                after_step(n)
         for i in range(n):
             _flush(replay, buffers[i], ep_ids[i])
         return finished
