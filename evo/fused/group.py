@@ -150,14 +150,16 @@ class FusedGroup:
         params = {k: p.detach() for k, p in self.stack.params.items()}
         return self._step_fn(params, self.stack.buffers, batch, self.scalars)
 
-    def step(self, batch: Any) -> dict[str, torch.Tensor]:
-        """One training step of every active member on its own slice of `batch`.
+    def step(self, batch: Any, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """One training step of every active member (and, with `mask`, only those it marks) on its
+        own slice of `batch`; the others' slots compute but do not change.
 
         Returns each loss term and the pre-clip gradient norm as [capacity] tensors (entries of
-        inactive slots are meaningless)."""
+        slots that did not step are meaningless)."""
         grads, terms = self.gradients(batch)
         norms = clip_per_member(grads, self.optimizer.hp["max_grad_norm"])
-        self.optimizer.step(grads, self.stack.active)
+        stepping = self.stack.active if mask is None else self.stack.active & mask.to(self.stack.active.device)
+        self.optimizer.step(grads, stepping)
         return {**terms, "grad_norm": norms}
 
     def call(self, method: str, *args: Any, in_dims: Any = None) -> Any:

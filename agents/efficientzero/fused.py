@@ -1,0 +1,282 @@
+"""Fused EfficientZero: same-architecture members trained and evaluated in lock-step as one program.
+
+`FusedEfficientZero.train(agents, steps)` does for a group what each member's `train(steps)` does
+alone, in the same order for every member, but with the compute fused:
+
+* **self-play**: every member's `SelfPlay.segment` is stepped together; the MCTS of all members'
+  roots is one `mcts.search` whose network calls are one vmapped call over the members' stacked
+  weights (each root keeps its member's discount, simulation budget and Dirichlet noise, drawn
+  from that member's own RNG);
+* **learning**: after each vector step every member earns `replay_ratio` updates as alone; in each
+  round the members holding a credit sample their own batch from their own replay view (their
+  own RNG), and one `evo.fused.FusedGroup.step` takes all their gradient steps (per-member Adam,
+  lr, weight decay, clipping and loss weights); the others' slots are masked;
+* **evaluation**: the members' evaluation episodes are searched together the same way.
+
+Members' data never mix: each still reads and writes the replay through its own view. So in
+float64 (`task.dtype`) a fused group gives each member the results it gets alone, to rounding.
+Members with BatchNorm cannot be fused (running statistics under vmap): `group_key` returns None
+and the caller trains them one by one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import vmap
+from torch.utils._pytree import tree_map
+
+from agents.efficientzero import learner
+from agents.efficientzero.mcts import SearchResult, search
+from evo.agent import Evaluation
+from evo.evolvable import load_optimizer_state, optimizer_state
+from evo.faults import Diverged
+from evo.fused import FusedGroup, architecture_key, batchnorm_modules, call_method, stack_batches
+
+__all__ = ["FusedEfficientZero", "StackedSearchModel", "search_members"]
+
+
+class StackedSearchModel:
+    """The search-model interface (represent / predict / dynamics / initial_hidden) over M members'
+    stacked weights. Inputs and outputs are member-major rows: rows [m*n, (m+1)*n) are member m's."""
+
+    def __init__(self, template: torch.nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                 members: int) -> None:
+        self.template, self.params, self.buffers, self.members = template, params, buffers, members
+        self.action_space_size = template.action_space_size
+        self.value_support, self.reward_support = template.value_support, template.reward_support
+
+    def _call(self, method: str, *args: Any) -> Any:
+        M = self.members
+        split = tree_map(lambda t: t.reshape(M, t.shape[0] // M, *t.shape[1:]), args)
+        one = lambda p, b, *a: call_method(self.template, p, b, method, *a)
+        out = vmap(one)(self.params, self.buffers, *split)
+        return tree_map(lambda t: t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]), out)
+
+    def represent(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._call("represent", obs)
+
+    def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._call("predict", latent)
+
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        return self._call("dynamics", latent, action, hidden)
+
+    def initial_hidden(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.template.initial_hidden(batch)
+
+
+def search_members(model: StackedSearchModel, obs: Sequence[np.ndarray], hps: Sequence[dict[str, Any]],
+                   rngs: Sequence[np.random.Generator] | None, evaluation: bool = False) -> list[SearchResult]:
+    """One search over every member's roots (obs[m]: member m's [n, ...] observations, equal n),
+    each root with its member's discount, simulations and (with `rngs`) Dirichlet noise drawn
+    from its member's generator, in member order; returns each member's own `SearchResult`."""
+    n = len(obs[0])
+    sims = [int(hp["eval_simulations"]) or int(hp["num_simulations"]) if evaluation else int(hp["num_simulations"])
+            for hp in hps]
+    noise = None
+    if rngs is not None:
+        noise = lambda A: np.concatenate([rng.dirichlet([float(hp["dirichlet_alpha"])] * A, size=n)
+                                          for rng, hp in zip(rngs, hps)])
+    horizon = {int(hp["lstm_horizon_len"]) for hp in hps}
+    if len(horizon) != 1:
+        raise ValueError(f"search_members: members of one group share lstm_horizon_len, found {sorted(horizon)}")
+    result = search(model, torch.as_tensor(np.concatenate(obs), dtype=torch.float32),
+                    np.repeat([float(hp["discount"]) for hp in hps], n), np.repeat(sims, n), horizon.pop(), noise,
+                    np.repeat([float(hp["exploration_fraction"]) for hp in hps], n))
+    rows = [slice(m * n, (m + 1) * n) for m in range(len(hps))]
+    return [SearchResult(result.visit_counts[r], result.root_values[r], result.policy[r], result.root_prior[r])
+            for r in rows]
+
+
+class FusedEfficientZero:
+    """Trains and evaluates groups of EfficientZero members fused; keeps one `FusedGroup` per
+    architecture key between calls (slots are reloaded in place each generation: no new shapes)."""
+
+    def __init__(self, compile: bool = False) -> None:
+        self.compile = compile
+        self.groups: dict[str, FusedGroup] = {}
+        self._warned = False
+
+    # ---- grouping ---------------------------------------------------------------------------
+    def group_key(self, agent: Any) -> str | None:
+        """Members with equal keys can be fused: same networks, batch size, unroll and LSTM horizon."""
+        bn = batchnorm_modules(agent.model)
+        if bn:
+            if not self._warned:
+                warnings.warn(f"fused training: EfficientZero member {agent.index} has BatchNorm ({bn[0]}); "
+                              f"training such members one by one (norm_type = 'LN' fuses)", stacklevel=2)
+                self._warned = True
+            return None
+        hp = agent.hparams
+        return architecture_key(agent.model, [int(hp["batch_size"]), int(hp["num_unroll_steps"]),
+                                              int(hp["lstm_horizon_len"])])
+
+    def _group(self, agents: Sequence[Any]) -> FusedGroup:
+        key = self.group_key(agents[0])
+        if key is None or any(self.group_key(a) != key for a in agents):
+            raise ValueError("FusedEfficientZero: a group's members must share one architecture key")
+        group = self.groups.get(key)
+        if group is None or group.capacity < len(agents):
+            template = copy.deepcopy(agents[0].model)
+            hp = agents[0].hparams
+            group = FusedGroup(template, len(agents), learner.fused_loss(template, int(hp["lstm_horizon_len"])),
+                               scalars=dict.fromkeys(learner.LOSS_WEIGHTS.values(), 0.0), compile=self.compile)
+            self.groups[key] = group
+        for slot in range(group.capacity):
+            group.release(slot)
+        for slot, agent in enumerate(agents):
+            settings = agent.optimizer.param_groups
+            if len(settings) != 1 or settings[0].get("amsgrad") or settings[0].get("maximize"):
+                raise ValueError("FusedEfficientZero: expected one plain Adam param group per member")
+            s = settings[0]
+            group.load(slot, agent.model, optimizer_state(agent.optimizer, agent.model)["state"],
+                       scalars={w: float(agent.hparams[w]) for w in learner.LOSS_WEIGHTS.values()},
+                       lr=float(s["lr"]), beta1=float(s["betas"][0]), beta2=float(s["betas"][1]), eps=float(s["eps"]),
+                       weight_decay=float(s["weight_decay"]), max_grad_norm=float(agent.hparams["grad_clip"]))
+        return group
+
+    def _search_model(self, group: FusedGroup, members: int) -> StackedSearchModel:
+        params = {k: v[:members] for k, v in group.stack.params.items()}
+        buffers = {k: v[:members] for k, v in group.stack.buffers.items()}
+        return StackedSearchModel(group.stack.template, params, buffers, members)
+
+    @staticmethod
+    def _write_back(group: FusedGroup, agents: Sequence[Any]) -> None:
+        for slot, agent in enumerate(agents):
+            group.read(slot, agent.model)
+            saved = optimizer_state(agent.optimizer, agent.model)
+            saved["state"] = group.optimizer_state(slot)
+            agent.optimizer.state.clear()
+            load_optimizer_state(agent.optimizer, agent.model, saved)
+
+    # ---- training -----------------------------------------------------------------------------
+    def train(self, agents: Sequence[Any], steps: int) -> list[dict[str, float] | BaseException]:
+        """Each member's `train(steps)`, fused; per member its metrics, or the exception that stopped it."""
+        torch.set_num_threads(1)  # as a member's own train(): tiny ops stall with 2 threads on small machines
+        t0 = time.perf_counter()
+        group = self._group(agents)
+        M = len(agents)
+        model = self._search_model(group, M)
+        learned: list[dict[str, list[float]]] = [{} for _ in agents]
+        outcome: list[Any] = [None] * M
+        segments = [a.selfplay.segment(a.hparams, a.rng, a.replay, a.index, steps, None) for a in agents]
+        obs = [next(seg) for seg in segments]
+        live = list(range(M))
+        while live:
+            results = search_members(StackedSearchModel(model.template, {k: v[live] for k, v in model.params.items()},
+                                                        {k: v[live] for k, v in model.buffers.items()}, len(live))
+                                     if len(live) < M else model,
+                                     [obs[m] for m in live], [agents[m].hparams for m in live], [agents[m].rng for m in live])
+            stepped = []
+            for m, result in zip(live, results):
+                try:
+                    if segments[m].send(result) is not None:
+                        raise RuntimeError("segment: expected a learning point after the vector step")
+                    stepped.append(m)
+                except StopIteration as stop:  # pragma: no cover - segments end at a learning point's resume
+                    outcome[m] = stop.value
+            n = int(agents[0].task["num_envs"])
+            self._learn(group, agents, stepped, n, learned, outcome)
+            live = []
+            for m in stepped:
+                if isinstance(outcome[m], BaseException):
+                    continue
+                try:
+                    obs[m] = next(segments[m])
+                    live.append(m)
+                except StopIteration as stop:
+                    outcome[m] = stop.value
+        self._write_back(group, agents)
+        wall = time.perf_counter() - t0
+        out: list[dict[str, float] | BaseException] = []
+        for m, agent in enumerate(agents):
+            if isinstance(outcome[m], BaseException):
+                out.append(outcome[m])
+                continue
+            finished = outcome[m] or []
+            metrics = {k: float(np.mean(v)) for k, v in learned[m].items()}
+            metrics.update({"env_steps": float(agent.env_steps), "updates": float(agent.updates),
+                            "train_episodes": float(len(finished)), "train_seconds": wall, "fused_group_size": float(M)})
+            if finished:
+                metrics["train_episode_return"] = float(np.mean(finished))
+            out.append(metrics)
+        return out
+
+    def _learn(self, group: FusedGroup, agents: Sequence[Any], stepped: list[int], n: int,
+               learned: list[dict[str, list[float]]], outcome: list[Any]) -> None:
+        """What each member's `_learn_after(n)` does, with the gradient steps of a round fused."""
+        for m in stepped:
+            a = agents[m]
+            a.env_steps += n
+            a.update_credit += n * float(a.hparams["replay_ratio"])
+        while True:
+            round_ = [m for m in stepped if not isinstance(outcome[m], BaseException)
+                      and agents[m].update_credit >= 1.0 and agents[m]._ready()]
+            if not round_:
+                break
+            batches = {}
+            for m in round_:
+                a = agents[m]
+                a.update_credit -= 1.0
+                batches[m] = learner.sample_batch(a.replay, a.target_model, a.hparams, a.rng)
+            mask = torch.zeros(group.capacity, dtype=torch.bool)
+            mask[round_] = True
+            terms = group.step(stack_batches({m: b.tensors for m, b in batches.items()}, group.capacity), mask)
+            for m in round_:
+                a, batch = agents[m], batches[m]
+                total = float(terms["loss_total"][m])
+                if not math.isfinite(total):
+                    outcome[m] = Diverged(f"loss_total is {total}")
+                    group.release(m)
+                    continue
+                a.updates += 1
+                if a.updates % int(a.hparams["target_update_interval"]) == 0:
+                    group.read(m, a.target_model)
+                priorities = np.abs(terms["root_value"][m].numpy() - batch.root_target) + 1e-6
+                a.replay.update_priorities(batch.keys, priorities)
+                row = {name: float(terms[name][m]) for name in learner.LOSS_NAMES}
+                row.update({"loss_total": total, "grad_norm": float(terms["grad_norm"][m]),
+                            "target_value_mean": float(batch.root_target.mean())})
+                for k, v in row.items():
+                    learned[m].setdefault(k, []).append(v)
+        for m in stepped:
+            a = agents[m]
+            a.update_credit = min(a.update_credit, 4.0 * n)
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, agents: Sequence[Any]) -> list[Evaluation]:
+        """Each member's `evaluate()`, with all members' searches fused."""
+        group = self._group(agents)
+        M = len(agents)
+        model = self._search_model(group, M)
+        games = [a.selfplay.evaluation(a.context.seed) for a in agents]
+        obs: list[Any] = [next(g) for g in games]
+        done: list[dict[str, float] | None] = [None] * M
+        live = list(range(M))
+        while live:
+            sub = model if len(live) == M else StackedSearchModel(
+                model.template, {k: v[live] for k, v in model.params.items()},
+                {k: v[live] for k, v in model.buffers.items()}, len(live))
+            results = search_members(sub, [obs[m] for m in live], [agents[m].hparams for m in live], None, evaluation=True)
+            still = []
+            for m, result in zip(live, results):
+                try:
+                    obs[m] = games[m].send(result)
+                    still.append(m)
+                except StopIteration as stop:
+                    done[m] = stop.value
+            live = still
+        out = []
+        for agent, metrics in zip(agents, done):
+            metrics = dict(metrics or {})
+            metrics.update({"env_steps": float(agent.env_steps), "updates": float(agent.updates)})
+            out.append(Evaluation(fitness=metrics["eval_return"], metrics=metrics))
+        return out
