@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -71,15 +75,22 @@ def _free_name(runs_dir: Path, name: str) -> str:
 
 def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None) -> int:
     from evo.display import RunDisplay
+    from evo.faults import ResourceRequestError
     from evo.population import evolve, start_backend
 
     total = generations or exp.population.generations
     display = RunDisplay(store.name, total, exp.population.size, backend)
     scheduler = None
+    store.set(driver=f"{socket.gethostname()}:{os.getpid()}")  # `evo runs` tells a dead driver's run from a live one
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run like Ctrl-C does
     try:
         scheduler, context = start_backend(exp, backend, address)
         with display:
             evolve(exp, store, scheduler, context, total, observer=display)
+    except ResourceRequestError as exc:  # nothing ran: an impossible request is bad input (exit 2)
+        print(f"evo: {exc}", file=sys.stderr)
+        _discard_if_unstarted(store)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         store.set(status="interrupted")
         print(f"\ninterrupted; resume with: evo resume {store.name}", file=sys.stderr)
@@ -90,6 +101,7 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
         print(f"the last completed generation is kept; after fixing the cause: evo resume {store.name}", file=sys.stderr)
         return EXIT_FAILED
     finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
         if scheduler is not None:
             scheduler.close()
     best = store.evaluations()
@@ -97,6 +109,55 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
         print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
               f"elite member {best[0]['index']} score {best[0]['score']:.4g} — {store.path}")
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _discard_if_unstarted(store: Any) -> None:
+    """A run that never saved its founders holds nothing: remove its directory (`evo run` made it a
+    moment ago), so no half-made run is listed. A resumed run is left as it was."""
+    if store.population(0):
+        return
+    path = store.path
+    store.close()
+    shutil.rmtree(path, ignore_errors=True)
+    print(f"nothing was started; {path} removed", file=sys.stderr)
+
+
+def _status_cell(runs_dir: str, run: dict[str, Any]) -> str:
+    """The run's status, "died" for a run marked running whose driver on this host is gone (killed),
+    and its member failures (docs/faults.md)."""
+    from evo.runstore import RunStore
+
+    text = run["status"]
+    try:
+        store = RunStore.open(run["name"], runs_dir)
+    except Exception:  # listing must never fail on one odd run directory
+        return text
+    try:
+        host, _, pid = (store.get("driver") or "").rpartition(":")
+        if text == "running" and host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            text = "died (driver gone)"
+        failed = store.failures()
+    finally:
+        store.close()
+    if failed:
+        final = sum(1 for f in failed if not f.retried)
+        retried = len(failed) - final
+        text += f" · {final} failed" + (f", {retried} retried" if retried else "")
+    return text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -154,7 +215,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         table.add_column(col)
     for r in runs:
         best = "-" if r["best_score"] is None else f"{r['best_score']:.4g}"
-        table.add_row(r["name"], str(r["agent"]), r["status"], f"{r['generations_done']}/{r['generations']}", best,
+        table.add_row(r["name"], str(r["agent"]), _status_cell(args.runs_dir, r), f"{r['generations_done']}/{r['generations']}",
+                      best,
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
     Console(width=140).print(table)
     return 0

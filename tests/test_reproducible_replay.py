@@ -1,0 +1,165 @@
+"""Member views of the shared replay store (evo.replay.view, docs/replay.md "Member views"): what a
+member reads does not depend on which other members ran before or beside it, writes reach the
+shared store at the generation's end in member order, and a failed attempt's writes never do.
+
+The fast tests use real in-process stores; the leaderboard equality of EfficientZero inline, on
+Ray with 1 and with 2 workers is in tests/test_faults_ray.py (real Ray, real processes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evo.agent import AgentContext, Evaluation
+from evo.replay import Field, ReplayError, ReplayStore, Schema
+from evo.replay.view import MemberView, commit_views, view_seed
+from evo.scheduler.inline import InlineScheduler
+
+SCHEMA = Schema({"obs": Field("float32", (3,)), "episode": Field("int64"), "step": Field("int64")})
+
+
+def rows(episode: int, n: int) -> dict[str, np.ndarray]:
+    g = np.random.default_rng(episode)
+    return {"obs": g.random((n, 3), dtype=np.float32), "episode": np.full(n, episode, dtype=np.int64),
+            "step": np.arange(n, dtype=np.int64)}
+
+
+def shared(sampler: str = "prioritized", capacity: int = 10_000) -> ReplayStore:
+    store = ReplayStore(SCHEMA, capacity=capacity, sampler=sampler, episode_field="episode", seed=1)
+    for ep in range(10):
+        store.insert(rows(ep, 20))
+    return store
+
+
+def member_session(view: MemberView, episode: int) -> list[np.ndarray]:
+    """What a member does in a generation: insert, sample, update priorities; returns what it drew."""
+    drawn = []
+    for i in range(3):
+        view.insert(rows(episode * 100 + i, 15))
+        seq = view.sample_sequences(16, 4)
+        drawn.append(np.asarray(seq.keys).copy())
+        drawn.append(np.asarray(seq.data["obs"]).copy())
+        drawn.append(np.asarray(seq.weights).copy())
+        view.update_priorities(seq.keys, np.linspace(0.1, 2.0, 16) * (i + 1))
+    return drawn
+
+
+def test_a_members_draws_do_not_depend_on_other_members() -> None:
+    """Member 1 alone, after member 0, or interleaved call by call with member 0: the same batches."""
+    alone = member_session(MemberView(s := shared(), s.view_basis(), view_seed(0, 1, 0)), 1)
+    base = shared()
+    basis = base.view_basis()
+    v0, v1 = MemberView(base, basis, view_seed(0, 0, 0)), MemberView(base, basis, view_seed(0, 1, 0))
+    member_session(v0, 0)
+    after = member_session(v1, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(alone, after))
+    # the shared store itself did not change while members ran
+    assert len(base) == 200 and base.stats()["rows_inserted"] == 200
+
+
+def test_reads_see_the_generation_start_plus_own_inserts_only() -> None:
+    base = shared("uniform")
+    basis = base.view_basis()
+    mine, other = MemberView(base, basis, 1), MemberView(base, basis, 2)
+    own_keys = mine.insert(rows(500, 40))
+    other_keys = other.insert(rows(600, 40))
+    assert len(mine) == 240 and len(other) == 240
+    assert mine.contains(own_keys).all() and not mine.contains(other_keys).any()
+    assert np.array_equal(mine.get(own_keys)["episode"], np.full(40, 500))
+    # uniform draws pick the own shard in proportion to its rows: 40 of 240
+    picked = np.concatenate([np.asarray(mine.sample(256).data["episode"]) for _ in range(40)])
+    share = float(np.mean(picked == 500))
+    assert abs(share - 40 / 240) < 0.02 and not np.any(picked == 600)
+    with pytest.raises(ReplayError, match="cannot be snapshotted"):
+        mine.snapshot("/tmp/nowhere")
+
+
+def test_prioritised_weights_are_normalised_over_both_shards() -> None:
+    base = shared()
+    keys = base.sample(200).keys
+    base.update_priorities(keys, np.full(len(keys), 4.0))  # the shared store's rows now outweigh new ones
+    basis = base.view_basis()
+    view = MemberView(base, basis, 3)
+    own = view.insert(rows(700, 50))
+    view.update_priorities(own, np.full(50, 0.01))  # own rows: tiny priority, the smallest of both shards
+    batch = view.sample(4096)
+    w, k = np.asarray(batch.weights), np.asarray(batch.keys)
+    is_own = np.isin(k, own)
+    assert is_own.any() and (~is_own).any()
+    # the smallest priority (an own row) has weight 1; a shared row of priority p has (0.01 / p)^(alpha*beta)
+    alpha, beta = basis.alpha, basis.beta
+    assert np.allclose(w[is_own], 1.0)
+    stored = base.get(k[~is_own])  # priorities of shared rows are 4.0 or the max seen (4.0) -> same weight
+    assert stored["obs"].shape[0] == int((~is_own).sum())
+    assert np.allclose(w[~is_own], (0.01 / 4.0) ** (alpha * beta), rtol=1e-5)
+
+
+def test_staged_writes_reach_the_store_in_member_order() -> None:
+    """Committing views equals making each member's calls on the shared store, member 0 first."""
+    direct, staged_base = shared(), shared()
+    basis = staged_base.view_basis()
+    views = {i: MemberView(staged_base, basis, view_seed(7, i, 3)) for i in (2, 0, 1)}
+    plans = {i: [rows(1000 * (i + 1) + j, 12) for j in range(3)] for i in views}
+    for i, view in views.items():  # any order of running
+        for batch in plans[i]:
+            keys = view.insert(batch)
+            view.update_priorities(keys, np.arange(1, 13) * (i + 1.0))
+    for i in sorted(views):  # what member order means
+        for batch in plans[i]:
+            keys = direct.insert(batch)
+            direct.update_priorities(keys, np.arange(1, 13) * (i + 1.0))
+    commit_views(staged_base, [(i, v.staged()) for i, v in views.items()])
+    assert len(staged_base) == len(direct) == 200 + 9 * 12
+    for seed in range(3):
+        a, b = staged_base.sample_sequences(64, 5, seed=seed), direct.sample_sequences(64, 5, seed=seed)
+        assert np.array_equal(a.keys, b.keys) and np.array_equal(a.weights, b.weights)
+        assert np.array_equal(a.data["obs"], b.data["obs"]) and np.array_equal(a.mask, b.mask)
+
+
+def test_the_overlay_grows_by_replaying_its_own_log() -> None:
+    base = shared(capacity=50_000)
+    view = MemberView(base, base.view_basis(), 9)
+    keys = [view.insert(rows(2000 + j, 1000)) for j in range(6)]  # 6000 rows: past the first 4096-row overlay
+    assert len(view) == 6200 and view._overlay.capacity >= 6000
+    assert np.array_equal(view.get(keys[0])["episode"], np.full(1000, 2000))
+
+
+class _Writer:
+    """A minimal real agent that writes the shared store and can be told to raise after writing."""
+
+    kind = "tests.test_reproducible_replay:_Writer"
+
+    def __init__(self, index: int, context: AgentContext, raise_after_insert: bool = False) -> None:
+        self.index, self.context, self.raise_after_insert = index, context, raise_after_insert
+        self.arch, self.hparams = {}, {}
+
+    def train(self, steps: int) -> dict[str, float]:
+        self.context.replay.insert(rows(10_000 + self.index, steps))
+        if self.raise_after_insert:
+            raise RuntimeError("died after inserting")
+        return {"rows_seen": float(len(self.context.replay))}
+
+    def evaluate(self) -> Evaluation:
+        return Evaluation(float(self.index))
+
+    def get_state(self) -> dict:
+        return {"index": self.index, "raise": self.raise_after_insert}
+
+    @classmethod
+    def from_state(cls, state: dict, context: AgentContext) -> _Writer:
+        return cls(int(state["index"]), context, bool(state["raise"]))
+
+
+def test_a_failed_members_inserts_never_reach_the_shared_store() -> None:
+    base = shared("uniform")
+    context = AgentContext(replay=base, seed=0)
+    agents = [_Writer(0, context), _Writer(1, context, raise_after_insert=True), _Writer(2, context)]
+    results = InlineScheduler(threads=None, context=context).run_generation(agents, 30, generation=0)
+    assert [r.failed for r in results] == [False, True, False]
+    assert "died after inserting" in results[1].failure.message
+    # each member saw the store as of the start plus its own 30 rows, never another member's
+    assert results[0].train_metrics["rows_seen"] == results[2].train_metrics["rows_seen"] == 230
+    eps = set(np.asarray(base.get(base.sample(4096, seed=0).keys)["episode"]).tolist())
+    assert {10_000, 10_002} <= eps and 10_001 not in eps
+    assert len(base) == 260 and base.stats()["rows_inserted"] == 260
