@@ -89,7 +89,18 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
         context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
-        return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context), context
+        fused = None
+        if exp.resources.fused:
+            from evo.fused.run import fused_trainer_for
+
+            fused = fused_trainer_for(exp.agent_class, exp.resources.fused_compile)
+        return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
+                               fused=fused), context
+    if exp.resources.fused:
+        import warnings
+
+        warnings.warn("resources.fused: the Ray backend trains members one by one for now (fusing is inline only)",
+                      stacklevel=2)
     from evo.scheduler.ray import RayScheduler, init_ray
     from evo.scheduler.resources import check_cluster, local_machine, plan_workers
 

@@ -102,6 +102,10 @@ class ResourcesSpec(_Strict):
     gpus_per_member: float = Field(default=0.0, ge=0)
     address: str | None = None
     timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
+    fused: bool = Field(default=False, description="train members that share an architecture as one vectorised "
+                                                   "program (inline backend; docs/fused.md)")
+    fused_compile: bool = Field(default=False, description="torch.compile the fused step (minutes of compile time; "
+                                                           "pays off only in long runs)")
     max_failures: int = Field(default=2, ge=0,
                               description="times one member is retried in a generation after its worker died (docs/faults.md)")
     custom_resources: dict[str, float] = Field(default_factory=dict,

@@ -208,6 +208,14 @@ class EfficientZeroAgent(TorchAgent):
                context: AgentContext) -> EfficientZeroAgent:
         return cls(arch, hparams, seed, index, context)
 
+    @classmethod
+    def fused_trainer(cls, compile: bool = False) -> Any:
+        """What trains a group of same-architecture members as one program (`resources.fused`;
+        agents/efficientzero/fused.py, docs/fused.md)."""
+        from agents.efficientzero.fused import FusedEfficientZero
+
+        return FusedEfficientZero(compile=compile)
+
     def networks(self) -> dict[str, torch.nn.Module]:
         return {"model": self.model}
 

@@ -103,9 +103,10 @@ class LSTMCell(nn.Module):
         change = ParamChange()
         bound = 1.0 / math.sqrt(n)
         new_rows = torch.cat([torch.arange(k * n, k * n + H) for k in range(4)])
-        w_ih = torch.empty(4 * n, self.input_size).uniform_(-bound, bound, generator=generator)
-        b_ih = torch.empty(4 * n).uniform_(-bound, bound, generator=generator)
-        w_hh = torch.empty(4 * n, n).uniform_(-bound, bound, generator=generator)
+        dtype = self.ih.weight.dtype  # float64 members widen in float64
+        w_ih = torch.empty(4 * n, self.input_size, dtype=dtype).uniform_(-bound, bound, generator=generator)
+        b_ih = torch.empty(4 * n, dtype=dtype).uniform_(-bound, bound, generator=generator)
+        w_hh = torch.empty(4 * n, n, dtype=dtype).uniform_(-bound, bound, generator=generator)
         with torch.no_grad():
             w_ih[new_rows] = self.ih.weight
             b_ih[new_rows] = self.ih.bias

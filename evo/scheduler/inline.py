@@ -7,8 +7,11 @@ after the last member, exactly as the Ray backend does, so both give the same re
 
 from __future__ import annotations
 
+from typing import Any
+
 from evo.agent import Agent, AgentContext, clone_tree
 from evo.faults import Failure
+from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.view import MemberView, commit_views, view_seed
@@ -18,9 +21,12 @@ __all__ = ["InlineScheduler"]
 
 
 class InlineScheduler:
-    def __init__(self, threads: int | None = 1, context: AgentContext | None = None) -> None:
-        """`context`: the run's context; its replay store (if any) is read through member views."""
+    def __init__(self, threads: int | None = 1, context: AgentContext | None = None, fused: Any = None) -> None:
+        """`context`: the run's context; its replay store (if any) is read through member views.
+        `fused`: an `evo.fused.run.FusedTrainer` (resources.fused): members sharing a group key
+        train and evaluate as one program (docs/fused.md)."""
         self.context = context
+        self.fused = fused
         if threads:
             import torch
 
@@ -38,18 +44,20 @@ class InlineScheduler:
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None
         results, staged = [], []
-        for agent in agents:
-            observer.member_event(agent.index, "training", {})
-            context = self.context or getattr(agent, "context", AgentContext())
-            view = None
-            if basis is not None:
-                view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation))
-                member = type(agent).from_state(agent.get_state(), member_context(context, view))
-                start = None
-            else:  # trained in place; its start state kept in case it fails
-                member, start = agent, clone_tree(agent.get_state())
-            metrics, evaluation, wall, failure = attempt_member(
-                member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}))
+        prepared = [self._prepare(agent, shared, basis, generation) for agent in agents] if self.fused else []
+        if self.fused:
+            for agent in agents:
+                observer.member_event(agent.index, "training", {})
+            outcomes = attempt_fused(self.fused, [p[1] for p in prepared], steps, lambda m: attempt_member(m, steps))
+        for pos, agent in enumerate(agents):
+            if self.fused:
+                context, member, start, view = prepared[pos]
+                metrics, evaluation, wall, failure = outcomes[pos]
+            else:
+                observer.member_event(agent.index, "training", {})
+                context, member, start, view = self._prepare(agent, shared, basis, generation)
+                metrics, evaluation, wall, failure = attempt_member(
+                    member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}))
             if failure is not None:
                 kind, message = failure
                 # inline, "lost" can only mean a Ray error inside the member: nothing to retry on
@@ -66,6 +74,15 @@ class InlineScheduler:
         if shared is not None:
             commit_views(shared, staged)
         return results
+
+    def _prepare(self, agent: Agent, shared: Any, basis: Any, generation: int) -> tuple[AgentContext, Agent, Any, Any]:
+        """(context, the member to train, its start state if trained in place, its replay view)."""
+        context = self.context or getattr(agent, "context", AgentContext())
+        if basis is not None:
+            view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation))
+            return context, type(agent).from_state(agent.get_state(), member_context(context, view)), None, view
+        # trained in place; its start state kept in case it fails
+        return context, agent, clone_tree(agent.get_state()), None
 
     def close(self) -> None:
         pass
