@@ -34,9 +34,10 @@ class Diverged(ArithmeticError):
     """A member's loss, parameters or fitness stopped being finite (e.g. an lr that explodes)."""
 
 
-def check_finite(value: float, what: str) -> float:
+def check_finite(value: Any, what: str) -> float:
     """`value` if finite, else raise `Diverged` naming `what` — one cheap check per update's loss."""
-    value = float(value)
+    detach = getattr(value, "detach", None)  # a loss tensor: read its value without touching autograd
+    value = float(detach() if detach is not None else value)
     if not math.isfinite(value):
         raise Diverged(f"{what} is {value}")
     return value
