@@ -15,7 +15,9 @@ lineage, export, resume — reads from here.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -33,6 +35,15 @@ from evo.replay.protocol import Replay
 __all__ = ["RunStore", "RunStoreError", "MemberRecord", "EvaluatedMember", "DB_NAME"]
 
 DB_NAME = "run.sqlite"
+
+#: Crash-window fault injection for the crash-safety tests (tests/test_cli.py,
+#: tests/efficientzero/test_crash_resume.py): with EVO_FAULT="WINDOW:G" the process SIGKILLs
+#: itself in WINDOW of generation G:
+#:   after_checkpoints       every checkpoint file of G is written, its SQLite transaction is not;
+#:   after_commit            G is committed, the checkpoints it made obsolete are not yet pruned;
+#:   during_replay_snapshot  one file of G's replay snapshot is written, its completion marker is not
+#:                           (in-process stores; a Ray replay service writes in its own actor).
+FAULT_ENV = "EVO_FAULT"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS run (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -208,6 +219,7 @@ class RunStore:
         trained = [(ev, *self._write_checkpoint(generation, "trained", ev.record.index, ev.state)) for ev in evaluated]
         starts = [(rec, *self._write_checkpoint(generation + 1, "start", rec.index, state)) for rec, state in next_population]
         best = max(trained, key=lambda t: (t[0].score, -t[0].record.index))[0]
+        _crash_if("after_checkpoints", generation)
         with self._transaction() as db:
             for ev, rel, digest in trained:
                 r = ev.record
@@ -219,6 +231,7 @@ class RunStore:
                        (generation, time.time(), best.record.index, best.score, wall_s))
             db.execute("INSERT OR REPLACE INTO run VALUES ('generations_done', ?)", (str(generation + 1),))
             db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
+        _crash_if("after_commit", generation)
         self._prune(generation)
 
     # ---- the shared replay store -------------------------------------------------------------
@@ -228,7 +241,8 @@ class RunStore:
         The snapshot for generation g is what a resume from g loads, so the data matches the
         population it resumes.
         """
-        replay.snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
+        with _crash_mid_snapshot_if("during_replay_snapshot", generation):
+            replay.snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
 
     def restore_replay(self, replay: Replay, generation: int) -> bool:
         """Load the replay snapshot of `generation` into `replay` in place; False if there is none."""
@@ -368,6 +382,33 @@ class RunStore:
                 finally:
                     store.close()
         return out
+
+
+def _crash_if(window: str, generation: int) -> None:
+    """SIGKILL this process if EVO_FAULT names this window of this generation (see FAULT_ENV)."""
+    if os.environ.get(FAULT_ENV) == f"{window}:{generation}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextmanager
+def _crash_mid_snapshot_if(window: str, generation: int) -> Iterator[None]:
+    """Inside the block, SIGKILL this process once the replay snapshot writer has written a file."""
+    if os.environ.get(FAULT_ENV) != f"{window}:{generation}":
+        yield
+        return
+    from evo.replay import snapshot
+
+    write = snapshot._write_array
+
+    def write_then_die(path: str, array: np.ndarray) -> None:
+        write(path, array)
+        _crash_if(window, generation)
+
+    snapshot._write_array = write_then_die
+    try:
+        yield
+    finally:
+        snapshot._write_array = write
 
 
 def _evaluation_row(r: sqlite3.Row) -> dict[str, Any]:

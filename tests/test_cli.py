@@ -2,6 +2,7 @@
 
 Runs go through the installed `evo` console script in a temp dir; read-only queries of finished
 runs call `evo.cli.main` in-process (same code, no interpreter start-up) to keep the suite fast.
+Crashes are real SIGKILLs in each window of a generation's commit (evo/runstore.py, EVO_FAULT).
 """
 
 from __future__ import annotations
@@ -45,9 +46,20 @@ def board(cwd: Path, run: str, capsys, monkeypatch) -> list[dict]:
 
 
 def evaluations(run_dir: Path) -> list[tuple]:
+    """Every evaluation row but its wall time; `checkpoint` shows which trained states pruning kept."""
     with sqlite3.connect(run_dir / "run.sqlite") as db:
-        return db.execute("SELECT generation, idx, fitness, score, history, hparams, arch "
+        return db.execute("SELECT generation, idx, fitness, score, history, metrics, hparams, arch, checkpoint, digest "
                           "FROM evaluations ORDER BY generation, idx").fetchall()
+
+
+def committed(run_dir: Path) -> list[int]:
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        return [g for (g,) in db.execute("SELECT generation FROM generations ORDER BY generation")]
+
+
+def members_on_disk(run_dir: Path, generation: int, phase: str) -> int:
+    folder = run_dir / "checkpoints" / f"g{generation:04d}" / phase
+    return len(list(folder.iterdir())) if folder.is_dir() else 0
 
 
 def test_leaderboard_formats(runs: Path, capsys, monkeypatch) -> None:
@@ -100,31 +112,51 @@ def test_same_seed_same_leaderboard_to_the_last_bit(runs: Path, capsys, monkeypa
     assert [e[2] for e in evaluations(runs / "runs" / "seed8")] != [e[2] for e in evaluations(runs / "runs" / "ref")[:4]]
 
 
-def test_ray_backend_gives_the_inline_leaderboard(runs: Path, capsys, monkeypatch) -> None:
-    proc = run_evo(["run", "toy.toml", "--backend", "ray", "--name", "onray"], runs, timeout=240)
+# window -> (environment of the killed run, committed generations it leaves, what is on disk then)
+CRASH_WINDOWS = {
+    # inside the toy agent's 7th train() call (generation 1): nothing of generation 1 is on disk
+    "in_train": ({"EVO_TOY_KILL_AT_TRAIN": "7"}, [0], {(1, "trained"): 0, (2, "start"): 0}),
+    # generation 1's trained states and generation 2's start states written, not committed
+    "after_checkpoints": ({"EVO_FAULT": "after_checkpoints:1"}, [0], {(1, "trained"): 4, (2, "start"): 4}),
+    # generation 1 committed; the start states it made obsolete not yet pruned
+    "after_commit": ({"EVO_FAULT": "after_commit:1"}, [0, 1], {(1, "start"): 4, (2, "start"): 4}),
+}
+
+
+@pytest.mark.parametrize("window", sorted(CRASH_WINDOWS))
+def test_kill_and_resume_loses_and_duplicates_nothing(runs: Path, window: str, capsys, monkeypatch) -> None:
+    env, done, on_disk = CRASH_WINDOWS[window]
+    name = f"crash_{window}"
+    killed = run_evo(["run", "toy.toml", "--name", name, "--backend", "inline"], runs, env=env)
+    assert killed.returncode == -9, killed.stderr
+    run_dir = runs / "runs" / name
+    assert committed(run_dir) == done  # the window was hit: exactly this much is durable ...
+    assert {where: members_on_disk(run_dir, *where) for where in on_disk} == on_disk  # ... and this is on disk
+    code, listing, _ = evo(["runs"], runs, capsys, monkeypatch)
+    assert any(name in line and f"{len(done)}/3" in line for line in listing.splitlines())
+    proc = run_evo(["resume", name], runs, check=True)
+    assert f"generation {len(done)} of 3" in proc.stdout
+    assert evaluations(run_dir) == evaluations(runs / "runs" / "ref")  # each generation once, same numbers
+    assert board(runs, name, capsys, monkeypatch) == board(runs, "ref", capsys, monkeypatch)  # same elite
+
+
+def test_ray_run_killed_before_commit_resumes_to_the_inline_leaderboard(runs: Path, capsys, monkeypatch) -> None:
+    """The Ray backend reproduces the inline run (the toy's members share no mutable state), also
+    across a SIGKILL of the driver after generation 1's checkpoints were written."""
+    killed = run_evo(["run", "toy.toml", "--backend", "ray", "--name", "onray"], runs, timeout=240,
+                     env={"EVO_FAULT": "after_checkpoints:1"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    run_dir = runs / "runs" / "onray"
+    assert committed(run_dir) == [0] and members_on_disk(run_dir, 1, "trained") == 4
+    proc = run_evo(["resume", "onray"], runs, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ray backend" in proc.stdout
-    assert evaluations(runs / "runs" / "onray") == evaluations(runs / "runs" / "ref")
+    assert evaluations(run_dir) == evaluations(runs / "runs" / "ref")
     out = runs / "from_ray"
-    run_evo(["export", "onray", "--out", str(out)], runs, check=True)
+    code, _, err = evo(["export", "onray", "--out", str(out)], runs, capsys, monkeypatch)
+    assert code == 0, err
     rows = board(runs, "onray", capsys, monkeypatch)
     assert agents.load(out).evaluate().fitness == pytest.approx(rows[0]["fitness"], abs=1e-7)
-
-
-@pytest.mark.parametrize("kill_at_train, label", [(5, "between generations"), (7, "mid-generation")])
-def test_kill_and_resume_loses_and_duplicates_nothing(runs: Path, kill_at_train: int, label: str, capsys, monkeypatch) -> None:
-    """SIGKILL the run (4 members a generation: train call 5 opens generation 1, call 7 is inside it)."""
-    name = f"crash{kill_at_train}"
-    killed = run_evo(["run", "toy.toml", "--name", name, "--backend", "inline"], runs,
-                     env={"EVO_TOY_KILL_AT_TRAIN": str(kill_at_train)})
-    assert killed.returncode == -9, killed.stderr
-    assert sorted({e[0] for e in evaluations(runs / "runs" / name)}) == [0], f"{label}: only generation 0 is committed"
-    code, listing, _ = evo(["runs"], runs, capsys, monkeypatch)
-    assert any(name in line and "1/3" in line for line in listing.splitlines())
-    proc = run_evo(["resume", name], runs, check=True)
-    assert "resuming" in proc.stdout and "generation 1 of 3" in proc.stdout
-    assert evaluations(runs / "runs" / name) == evaluations(runs / "runs" / "ref")  # each generation once, same numbers
-    assert board(runs, name, capsys, monkeypatch) == board(runs, "ref", capsys, monkeypatch)
 
 
 def test_resume_extends_a_finished_run(runs: Path) -> None:

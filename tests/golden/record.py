@@ -59,18 +59,25 @@ def run_table(name: str) -> list[dict[str, Any]]:
         if code != 0:
             raise RuntimeError(f"golden run {name} exited {code}")
         store = RunStore.open(name, Path(tmp) / "runs")
-        rows = []
-        for generation in range(store.last_completed_generation() + 1):
-            for ev in store.evaluations(generation):
-                rows.append({
-                    "generation": generation, "index": ev["index"], "parent": ev["parent"],
-                    "born": ev["born"], "fitness": ev["fitness"], "score": ev["score"],
-                    "history": ev["history"], "hparams": ev["hparams"], "arch": ev["arch"],
-                    "mutation_kind": (ev["mutation"] or {}).get("kind"),
-                    "metrics": _untimed(ev["metrics"]), "train_metrics": _untimed(ev["train_metrics"]),
-                })
-        store.close()
-    return rows
+        try:
+            return evaluation_table(store)
+        finally:
+            store.close()
+
+
+def evaluation_table(store: Any) -> list[dict[str, Any]]:
+    """A run store's evaluations, every generation, as the golden files hold them (JSON-normalised)."""
+    rows = []
+    for generation in range(store.last_completed_generation() + 1):
+        for ev in store.evaluations(generation):
+            rows.append({
+                "generation": generation, "index": ev["index"], "parent": ev["parent"],
+                "born": ev["born"], "fitness": ev["fitness"], "score": ev["score"],
+                "history": ev["history"], "hparams": ev["hparams"], "arch": ev["arch"],
+                "mutation_kind": (ev["mutation"] or {}).get("kind"),
+                "metrics": _untimed(ev["metrics"]), "train_metrics": _untimed(ev["train_metrics"]),
+            })
+    return json.loads(json.dumps(rows))
 
 
 def _untimed(metrics: dict[str, float]) -> dict[str, float]:

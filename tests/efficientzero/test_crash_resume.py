@@ -1,0 +1,40 @@
+"""EfficientZero members share one replay store; a run killed while the run store snapshots it resumes
+to exactly the uninterrupted run.
+
+The run is the golden tiny experiment (tests/golden/record.py), so "the uninterrupted run" is the
+recorded table: every evaluation, loss metric, hyperparameter and architecture, hence the same elite.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from evo.replay.snapshot import list_snapshots
+from evo.runstore import RunStore
+from tests.conftest import run_evo
+from tests.golden.record import evaluation_table, golden_path, tiny_experiment
+
+NAME = "cartpole_efficientzero"
+
+
+def test_killed_mid_replay_snapshot_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    tiny_experiment(NAME, tmp_path)
+    killed = run_evo(["run", f"{NAME}.toml"], tmp_path, env={"EVO_FAULT": "during_replay_snapshot:1"}, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    run_dir = tmp_path / "runs" / NAME
+    # the window was hit: generation 1's snapshot is debris, generation 0's is whole and committed
+    debris = [p.name for p in (run_dir / "replay" / "g0001").iterdir()]
+    assert debris and all(n.startswith(".tmp-") for n in debris), debris
+    assert [ok for _, _, ok in list_snapshots(run_dir / "replay" / "g0000")] == [True]
+    store = RunStore.open(run_dir)
+    assert store.last_completed_generation() == 0
+    store.close()
+
+    run_evo(["resume", NAME], tmp_path, check=True, timeout=600)
+    store = RunStore.open(run_dir)
+    try:
+        assert evaluation_table(store) == json.loads(golden_path(NAME).read_text())
+    finally:
+        store.close()
