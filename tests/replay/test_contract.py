@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import evo.replay
 from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayService, ReplayStore
 from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, concat, rows, take, trajectory
 
@@ -42,6 +43,11 @@ def make(request, tmp_path):
     for s in made:
         if isinstance(s, ReplayService):
             s.stop()
+
+
+def test_backend_is_a_replay(make):
+    """Members are typed against the `evo.replay.Replay` protocol: every backend must satisfy it."""
+    assert isinstance(make(capacity=8), evo.replay.Replay)
 
 
 def test_insert_get_roundtrip(make):

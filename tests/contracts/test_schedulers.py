@@ -1,0 +1,68 @@
+"""The scheduler contract over both backends, with the toy agent (fast; no replay store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from evo.agent import Agent, AgentContext
+from evo.scheduler.inline import InlineScheduler
+from evo.testing import SchedulerContract
+from tests.toy_agent import ToyAgent
+
+
+class _ToyMembers(SchedulerContract):
+    agent_class = ToyAgent
+    task = {"n_train": 128, "n_val": 64}
+    hparams = {"batch_size": 16}
+    train_steps = 5
+
+
+class TestInlineScheduler(_ToyMembers):
+    scheduler_class = InlineScheduler
+    supports_timeout = False  # members run in this process, one after another: nothing can interrupt them
+
+    def make_scheduler(self, agent_class: type[Agent], context: AgentContext, timeout_s: float | None) -> InlineScheduler:
+        return InlineScheduler(threads=1, context=context)
+
+
+def _warm_up(worker: object) -> None:
+    """Run in each actor: the first torch optimizer in a process imports torch._dynamo (~4 s here)."""
+    import torch
+
+    weight = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.Adam([weight])
+    weight.sum().backward()
+    optimizer.step()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from evo.scheduler.ray import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.usefixtures("ray_cluster")
+class TestRayScheduler(_ToyMembers):
+    parallel = True
+
+    @property
+    def scheduler_class(self) -> type:  # imported lazily: the module must collect without Ray
+        from evo.scheduler.ray import RayScheduler
+
+        return RayScheduler
+
+    def make_scheduler(self, agent_class: type[Agent], context: AgentContext, timeout_s: float | None):
+        import ray
+
+        from evo.scheduler.ray import RayScheduler
+
+        # half a CPU each: the shared backend and a timeout check's own fit in one 2-CPU cluster together
+        scheduler = RayScheduler(agent_class, context, num_workers=2, cpus_per_member=0.5,
+                                 timeout_s=timeout_s or 600)
+        # start and warm the actors, so the timeout checks time members rather than process start-up
+        ray.get([w.__ray_call__.remote(_warm_up) for w in scheduler.workers], timeout=180)
+        return scheduler
