@@ -146,7 +146,8 @@ def _status_cell(runs_dir: str, run: dict[str, Any]) -> str:
     if failed:
         final = sum(1 for f in failed if not f.retried)
         retried = len(failed) - final
-        text += f" · {final} failed" + (f", {retried} retried" if retried else "")
+        text += " · " + ", ".join(part for part in (f"{final} failed" if final else "",
+                                                    f"{retried} retried" if retried else "") if part)
     return text
 
 
