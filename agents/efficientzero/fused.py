@@ -53,7 +53,7 @@ class StackedSearchModel:
         self.action_space_size = template.action_space_size
         self.value_support, self.reward_support = template.value_support, template.reward_support
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: Any, *args: Any) -> Any:
         M = self.members
         split = tree_map(lambda t: t.reshape(M, t.shape[0] // M, *t.shape[1:]), args)
         one = lambda p, b, *a: call_method(self.template, p, b, method, *a)
@@ -71,6 +71,26 @@ class StackedSearchModel:
 
     def initial_hidden(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.template.initial_hidden(batch)
+
+    def initial_inference(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """represent + predict in one vmapped call: (latent, policy_logits, value_logits)."""
+        return self._call(_initial, obs)
+
+    def recurrent_inference(self, latent: torch.Tensor, action: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]
+                            ) -> tuple[Any, ...]:
+        """dynamics + predict in one vmapped call: (latent, (h, c), value_prefix, policy, value) logits."""
+        return self._call(_recurrent, latent, action, hidden)
+
+
+def _initial(model: torch.nn.Module, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    latent = model.represent(obs)
+    return (latent, *model.predict(latent))
+
+
+def _recurrent(model: torch.nn.Module, latent: torch.Tensor, action: torch.Tensor,
+               hidden: tuple[torch.Tensor, torch.Tensor]) -> tuple[Any, ...]:
+    latent, hidden, prefix = model.dynamics(latent, action, hidden)
+    return (latent, hidden, prefix, *model.predict(latent))
 
 
 def search_members(model: StackedSearchModel, obs: Sequence[np.ndarray], hps: Sequence[dict[str, Any]],

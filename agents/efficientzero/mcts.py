@@ -247,8 +247,13 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     tree whose budget is spent stops; the network still sees a row for it, which is ignored).
     """
     obs_t = torch.as_tensor(obs)
-    latent = model.represent(obs_t)
-    policy_logits, value_logits = model.predict(latent)
+    # a model may offer both calls of a step as one (a fused population's: one vmapped call each)
+    initial, recurrent = getattr(model, "initial_inference", None), getattr(model, "recurrent_inference", None)
+    if initial is not None:
+        latent, policy_logits, value_logits = initial(obs_t)
+    else:
+        latent = model.represent(obs_t)
+        policy_logits, value_logits = model.predict(latent)
     B, A = policy_logits.shape
     discounts = np.ascontiguousarray(discounts, dtype=np.float64)
     simulations = np.asarray(simulations, dtype=np.int64)
@@ -299,9 +304,13 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
         _select(children, prior, visits, value_sum, reward, minmax, discounts, value_min_max_delta,
                 path, path_len, out_parent, out_action, live)
         flat = torch.from_numpy(out_parent * B + col)
-        lat, (h, c), vp_logits = model.dynamics(lat_buf.index_select(0, flat), torch.from_numpy(out_action),
-                                                (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
-        p_logits, v_logits = model.predict(lat)
+        args = (lat_buf.index_select(0, flat), torch.from_numpy(out_action),
+                (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
+        if recurrent is not None:
+            lat, (h, c), vp_logits, p_logits, v_logits = recurrent(*args)
+        else:
+            lat, (h, c), vp_logits = model.dynamics(*args)
+            p_logits, v_logits = model.predict(lat)
         rows = slice(leaf * B, (leaf + 1) * B)
         lat_buf[rows] = lat
         # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)

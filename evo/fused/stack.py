@@ -16,7 +16,7 @@ import copy
 import hashlib
 import json
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -61,7 +61,9 @@ class MethodCall(nn.Module):
         super().__init__()
         self.m = module
 
-    def forward(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if callable(method):  # several calls under one reparametrisation: method(module, *args)
+            return method(self.m, *args, **kwargs)
         return getattr(self.m, method)(*args, **kwargs)
 
 
@@ -69,10 +71,11 @@ _CALLERS: weakref.WeakKeyDictionary[nn.Module, MethodCall] = weakref.WeakKeyDict
 
 
 def call_method(module: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
-                method: str, *args: Any, **kwargs: Any) -> Any:
+                method: str | Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`module.method(*args)` computed with `params` and `buffers` in place of the module's own
     tensors (`torch.func.functional_call` for any method). `module` only supplies the code: any
-    module of the same architecture gives the same result. This is what a fused loss calls."""
+    module of the same architecture gives the same result. This is what a fused loss calls.
+    `method` may also be a function `f(module, *args)`: several calls under one swap of tensors."""
     caller = _CALLERS.get(module)
     if caller is None:
         caller = _CALLERS[module] = MethodCall(module)
