@@ -1,4 +1,5 @@
-"""The `evo` command: run, resume, runs, leaderboard, lineage, export.
+"""The `evo` command: run, resume, runs, leaderboard, lineage, export (and subcommands other
+packages add through the `evo.commands` entry-point group, e.g. `evo dashboard`).
 
 Exit codes: 0 success; 1 a run failed; 2 bad input (experiment file, arguments, unknown run);
 130 interrupted (the run stays resumable from its last completed generation).
@@ -14,6 +15,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,8 @@ __all__ = ["main"]
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(plugins: dict[str, Callable[[argparse.Namespace], int]] | None = None) -> argparse.ArgumentParser:
+    """The argument parser; `plugins`, when given, receives the handlers of plugin subcommands."""
     p = argparse.ArgumentParser(prog="evo", description="Evolve populations of RL agents.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -41,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--address")
     res.add_argument("--generations", type=int, help="run until this many generations are complete")
     res.add_argument("--runs-dir", default="runs")
+    for p_ in (run, res):
+        p_.add_argument("--quiet", action="store_true", help="no live view: one line per generation (for logs)")
+        p_.add_argument("--log", nargs=2, action="append", metavar=("KIND", "DIR"), default=[],
+                        help="also log to tensorboard|mlflow under DIR (repeatable): sets the experiment's [logging] KIND")
 
     ls = sub.add_parser("runs", help="list runs with status, generations done and best score")
     ls.add_argument("--runs-dir", default="runs")
@@ -49,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     lb.add_argument("run")
     lb.add_argument("--top", type=int)
     lb.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    lb.add_argument("--all", action="store_true",
+                    help="show every hyperparameter and architecture key (default: only those that vary)")
     lb.add_argument("--runs-dir", default="runs")
 
     ex = sub.add_parser("export", help="write the elite (or --member) as a self-contained directory")
@@ -61,7 +71,31 @@ def _parser() -> argparse.ArgumentParser:
     li.add_argument("run")
     li.add_argument("--member", type=int, required=True)
     li.add_argument("--runs-dir", default="runs")
+    if plugins is not None:
+        plugins.update(_plugin_commands(sub))
     return p
+
+
+def _plugin_commands(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Subcommands from the `evo.commands` entry-point group: each entry point is a callable that
+    adds its subparser to `sub` and returns the handler. The engine never imports their packages."""
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+    for ep in entry_points(group="evo.commands"):
+        if ep.name in COMMANDS or ep.name in handlers:
+            continue
+        try:
+            handlers[ep.name] = ep.load()(sub)
+        except Exception as exc:  # a broken plugin must not take the built-in commands down with it
+            sub.add_parser(ep.name, help=f"unavailable: {type(exc).__name__}: {exc}")
+            handlers[ep.name] = _unavailable(ep.name, ep.value, exc)
+    return handlers
+
+
+def _unavailable(name: str, target: str, exc: Exception) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        print(f"evo {name}: cannot load {target}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return handler
 
 
 def _free_name(runs_dir: Path, name: str) -> str:
@@ -73,25 +107,33 @@ def _free_name(runs_dir: Path, name: str) -> str:
     return f"{name}-{n}"
 
 
-def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None) -> int:
+def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None,
+             args: argparse.Namespace | None = None) -> int:
     from evo.display import RunDisplay
     from evo.faults import ResourceRequestError
+    from evo.loggers import make_loggers
+    from evo.observer import ObserverGroup
     from evo.population import evolve, start_backend
 
     total = generations or exp.population.generations
-    display = RunDisplay(store.name, total, exp.population.size, backend)
-    scheduler = None
+    display = RunDisplay(store.name, total, exp.population.size, backend,
+                         steps_per_generation=exp.population.steps_per_generation,
+                         quiet=bool(getattr(args, "quiet", False)))
+    loggers = make_loggers(store, exp)
+    scheduler, status = None, "failed"
     store.set(driver=f"{socket.gethostname()}:{os.getpid()}")  # `evo runs` tells a dead driver's run from a live one
     previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run like Ctrl-C does
     try:
         scheduler, context = start_backend(exp, backend, address)
         with display:
-            evolve(exp, store, scheduler, context, total, observer=display)
+            evolve(exp, store, scheduler, context, total, observer=ObserverGroup([display, *loggers]))
+        status = "completed"
     except ResourceRequestError as exc:  # nothing ran: an impossible request is bad input (exit 2)
         print(f"evo: {exc}", file=sys.stderr)
         _discard_if_unstarted(store)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        status = "interrupted"
         store.set(status="interrupted")
         print(f"\ninterrupted; resume with: evo resume {store.name}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -104,6 +146,8 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
         signal.signal(signal.SIGTERM, previous_sigterm)
         if scheduler is not None:
             scheduler.close()
+        for logger in loggers:
+            logger.close(status)
     best = store.evaluations()
     if best:
         print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
@@ -162,6 +206,7 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from evo.loggers import check_logging
     from evo.runstore import RunStore
     from evo.spec import load_experiment
 
@@ -172,21 +217,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["population.generations"] = args.generations
     if args.backend is not None:
         overrides["backend"] = args.backend
+    overrides.update(_log_overrides(args))
     exp, text = load_experiment(args.experiment, overrides)
+    check_logging(exp, str(args.experiment))
     runs_dir = Path(args.runs_dir)
     name = args.name or _free_name(runs_dir, exp.name)
     store = RunStore.create(runs_dir, name, text, exp.to_json(), source=str(args.experiment))
     store.set(backend=exp.backend)
-    return _execute(store, exp, exp.backend, args.address, None)
+    return _execute(store, exp, exp.backend, args.address, None, args)
+
+
+def _log_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """`--log KIND DIR` is the experiment's `[logging] KIND = "DIR"` (checked like the file's own)."""
+    return {f"logging.{kind}": directory for kind, directory in args.log}
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from evo.loggers import check_logging
     from evo.runstore import RunStore
     from evo.spec import parse_experiment
 
     store = RunStore.open(args.run, args.runs_dir)
-    overrides = {"population.generations": args.generations} if args.generations else None
+    overrides = {"population.generations": args.generations} if args.generations else {}
+    overrides.update(_log_overrides(args))
     exp = parse_experiment(store.experiment(), f"{store.path}/experiment", overrides)
+    check_logging(exp, f"{store.path}/experiment")
     done = store.last_completed_generation() + 1
     total = exp.population.generations
     if done >= total:
@@ -198,7 +253,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         data["population"]["generations"] = args.generations
         store.set(experiment=json.dumps(data, sort_keys=True))
     print(f"resuming {store.name} at generation {done} of {total}")
-    return _execute(store, exp, backend, args.address, total)
+    return _execute(store, exp, backend, args.address, total, args)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -233,36 +288,22 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         print(f"run {store.name}: no completed generation yet (status {store.status})")
         return 0
     title = f"{store.name} — after {store.last_completed_generation() + 1} generations ({store.status})"
-    sys.stdout.write(render(rows, args.format, title, _mutable_hparams(store)))
+    # the table shows what differs between members; the full leaderboard (every row) decides what differs
+    everyone = rows if args.top is None else leaderboard_rows(store)
+    sys.stdout.write(render(rows, args.format, title, show_all=args.all, population=everyone))
     return 0
 
 
-def _mutable_hparams(store: Any) -> set[str] | None:
-    """The hyperparameters evolution can change (the table hides fixed ones); None if unknown."""
-    from evo.spec import SpecError, parse_experiment
-
-    try:
-        exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
-    except (SpecError, ValueError):
-        return None
-    return {name for name, hp in exp.hparam_space.items() if hp.mutable}
-
-
 def cmd_export(args: argparse.Namespace) -> int:
-    from evo.agent import AgentContext
-    from evo.checkpoint import load_state
+    from evo.export import export_member
     from evo.runstore import RunStore
-    from evo.spec import parse_experiment
+    from evo.spec import SpecError
 
     store = RunStore.open(args.run, args.runs_dir)
-    row, path, digest = store.trained_checkpoint(args.member)
-    state, _ = load_state(path, expect_digest=digest)
-    exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
-    agent = exp.agent_class.from_state(state, AgentContext(task=exp.task, seed=exp.seed))
     try:
-        out = agent.export(args.out, info={"run": store.name, "generation": row["generation"], "member": row["index"],
-                                           "score": row["score"], "fitness": row["fitness"],
-                                           "evaluations": row["history"]})
+        row, out = export_member(store, args.out, args.member)
+    except SpecError:  # the run's experiment no longer parses: bad input, as everywhere else
+        raise
     except ValueError as exc:  # the agent cannot write part of its export (e.g. no HF equivalent)
         print(f"evo: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -294,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     from evo.runstore import RunStoreError
     from evo.spec import SpecError
 
-    args = _parser().parse_args(argv)
+    plugins: dict[str, Callable[[argparse.Namespace], int]] = {}
+    args = _parser(plugins).parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return {**plugins, **COMMANDS}[args.command](args)
     except (SpecError, RunStoreError) as exc:
         print(f"evo: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,4 +1,9 @@
-"""Leaderboard rows from the run store, and their table / CSV / JSON renderings."""
+"""Leaderboard rows from the run store, and their table / CSV / JSON renderings.
+
+The table shows only what tells members apart: the hyperparameters and architecture knobs whose
+values differ across the population (`show_all` for every one); what every member shares is said
+once, under the table, instead of on every row.
+"""
 
 from __future__ import annotations
 
@@ -13,25 +18,37 @@ from evo.faults import Failure
 from evo.records import MutationRecord
 from evo.runstore import RunStore
 
-__all__ = ["leaderboard_rows", "render"]
+__all__ = ["leaderboard_rows", "render", "varying_keys", "arch_knobs", "compact"]
 
 
-def _fmt(v: Any) -> str:
+def compact(v: Any) -> str:
+    """A value in a few characters: 4 significant digits, lists without spaces."""
     if isinstance(v, float):
         return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(compact(x) for x in v) + "]"
     return str(v)
 
 
-def _arch_summary(arch: dict[str, Any]) -> str:
-    shown = {k: v for k, v in arch.items() if not k.startswith(("min_", "max_")) and k != "node_step"}
-    return " ".join(f"{k}={v}" for k, v in shown.items())
+def arch_knobs(arch: dict[str, Any]) -> dict[str, Any]:
+    """The architecture without its mutation bounds (min_*, max_*, node_step), which never differ."""
+    return {k: v for k, v in arch.items() if not k.startswith(("min_", "max_")) and k != "node_step"}
+
+
+def varying_keys(dicts: list[dict[str, Any]]) -> list[str]:
+    """Keys whose values are not the same in every dict (a key missing somewhere varies), in first-seen order."""
+    keys: dict[str, None] = {}
+    for d in dicts:
+        keys.update(dict.fromkeys(d))
+    return [k for k in keys if len({json.dumps(d.get(k), sort_keys=True, default=str) for d in dicts}) > 1]
 
 
 def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, Any]]:
     """Members of the last completed generation, elite first.
 
     `score` is what selection ranked by (the mean of the last `fitness_window` evaluations, with
-    `score_std` their spread); `fitness` is the member's latest single evaluation.
+    `score_std` their spread); `fitness` is the member's latest single evaluation; `arch` is the
+    architecture without its mutation bounds.
     """
     window = int(store.experiment().get("selection", {}).get("fitness_window", 1))
     last = store.last_completed_generation()
@@ -51,7 +68,7 @@ def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, 
             "parent": ev["parent"],
             "last_mutation": "-" if record is None else record.summary(),
             "hparams": ev["hparams"],
-            "arch": _arch_summary(ev["arch"]),
+            "arch": arch_knobs(ev["arch"]),
             "generation": last,
             **_failure_fields(failures, ev["index"]),
         })
@@ -83,29 +100,43 @@ def _score_cells(r: dict[str, Any]) -> tuple[str, str]:
     return f"{r['score']:.4g} ± {r['score_std']:.2g}", f"{r['fitness']:.4g}"
 
 
-def render(rows: list[dict[str, Any]], fmt: str, title: str = "", shown_hparams: set[str] | None = None) -> str:
-    """`shown_hparams` limits the table's hyperparameter column (CSV and JSON always carry all)."""
+def render(rows: list[dict[str, Any]], fmt: str, title: str = "", show_all: bool = False,
+           population: list[dict[str, Any]] | None = None) -> str:
+    """The rows as a table, CSV or JSON. The table shows the hyperparameters and architecture keys
+    that vary across `population` (default: `rows`), or every one with `show_all`; CSV and JSON
+    always carry all of them."""
     if fmt == "json":
         return json.dumps(_finite_or_none(rows), indent=2, default=str)  # strict JSON: no -Infinity
     if fmt == "csv":
         import pandas as pd
 
-        flat = [{**{k: v for k, v in r.items() if k != "hparams"}, **{f"hp.{k}": v for k, v in r["hparams"].items()}}
-                for r in rows]
+        flat = [{**{k: v for k, v in r.items() if k not in ("hparams", "arch")},
+                 **{f"hp.{k}": v for k, v in r["hparams"].items()},
+                 **{f"arch.{k}": compact(v) for k, v in r["arch"].items()}} for r in rows]
         buf = io.StringIO()
         pd.DataFrame(flat).to_csv(buf, index=False)
         return buf.getvalue()
     from rich.console import Console
     from rich.table import Table
 
+    everyone = population or rows
+    hp_keys = list(everyone[0]["hparams"]) if show_all and everyone else varying_keys([r["hparams"] for r in everyone])
+    arch_keys = list(everyone[0]["arch"]) if show_all and everyone else varying_keys([r["arch"] for r in everyone])
     table = Table(title=title)
     for col in ("rank", "member", "score", "fitness", "age", "parent", "last mutation", "hyperparameters", "architecture"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        hp = ", ".join(f"{k}={_fmt(v)}" for k, v in r["hparams"].items() if shown_hparams is None or k in shown_hparams)
+        hp = " ".join(f"{k}={compact(r['hparams'][k])}" for k in hp_keys if k in r["hparams"]) or "-"
+        arch = " ".join(f"{k}={compact(r['arch'][k])}" for k in arch_keys if k in r["arch"]) or "-"
         table.add_row(str(r["rank"]), str(r["member"]), *_score_cells(r),
-                      str(r["age"]),
-                      "-" if r["parent"] is None else str(r["parent"]), r["last_mutation"], hp, r["arch"])
+                      str(r["age"]), "-" if r["parent"] is None else str(r["parent"]), r["last_mutation"], hp, arch)
+    if not show_all and everyone:
+        shared_hp = {k: v for k, v in everyone[0]["hparams"].items() if k not in hp_keys}
+        shared_arch = {k: v for k, v in everyone[0]["arch"].items() if k not in arch_keys}
+        table.caption = ("same in every member (--all shows them per row): "
+                         f"hyperparameters {' '.join(f'{k}={compact(v)}' for k, v in shared_hp.items()) or '-'}; "
+                         f"architecture {' '.join(f'{k}={compact(v)}' for k, v in shared_arch.items()) or '-'}")
+        table.caption_justify = "left"
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
     console.print(table)
     return console.file.getvalue()

@@ -117,13 +117,21 @@ CREATE TABLE IF NOT EXISTS failures (
 
 
 class RunStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, read_only: bool = False) -> None:
+        """`read_only`: open the database with SQLite's mode=ro, for readers (the dashboard) that
+        must never write nor block a running `evo run`; WAL lets them read while it commits."""
         # absolute: replay snapshots are written by a Ray actor whose working directory may differ
         self.path = Path(path).resolve()
-        self._db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, timeout=30)
+        self.read_only = read_only
+        if read_only:
+            self._db = sqlite3.connect(f"{(self.path / DB_NAME).as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                       timeout=30)
+        else:
+            self._db = sqlite3.connect(self.path / DB_NAME, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        if not read_only:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
 
     # ---- opening ----------------------------------------------------------------------------
     @classmethod
@@ -148,13 +156,13 @@ class RunStore:
         return cls(path)
 
     @classmethod
-    def open(cls, run: str | Path, runs_dir: str | Path = "runs") -> RunStore:
+    def open(cls, run: str | Path, runs_dir: str | Path = "runs", read_only: bool = False) -> RunStore:
         path = Path(run)
         if not (path / DB_NAME).is_file():
             path = Path(runs_dir) / str(run)
         if not (path / DB_NAME).is_file():
             raise RunStoreError(f"no run {str(run)!r}: neither {run} nor {Path(runs_dir) / str(run)} holds {DB_NAME}")
-        return cls(path)
+        return cls(path, read_only=read_only)
 
     def close(self) -> None:
         self._db.close()
@@ -366,17 +374,38 @@ class RunStore:
         exp = self.experiment()
         return {"name": self.name, "status": self.status, "generations_done": self.last_completed_generation() + 1,
                 "generations": exp.get("population", {}).get("generations"), "best_score": best,
-                "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0)}
+                "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0),
+                "created_at": float(self.get("created_at") or 0)}
+
+    # ---- reading whole tables (the dashboard's views) ------------------------------------------
+    def all_evaluations(self) -> list[dict[str, Any]]:
+        """Every evaluation of the run, by generation, best score first within one."""
+        rows = self._db.execute(
+            "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
+            "ORDER BY e.generation, e.score DESC, e.idx").fetchall()
+        return [_evaluation_row(r) for r in rows]
+
+    def all_members(self) -> list[dict[str, Any]]:
+        """Every member ever created (founders and children), by index."""
+        return [{"index": r["idx"], "parent": r["parent"], "born": r["born"],
+                 "mutation": json.loads(r["mutation"]) if r["mutation"] else None}
+                for r in self._db.execute("SELECT * FROM members ORDER BY idx")]
+
+    def all_generations(self) -> list[dict[str, Any]]:
+        """Completed generations: when, the best member and score, and wall time."""
+        return [{"generation": r["generation"], "completed_at": r["completed_at"], "best_index": r["best_idx"],
+                 "best_score": r["best_score"], "wall_s": r["wall_s"]}
+                for r in self._db.execute("SELECT * FROM generations ORDER BY generation")]
 
     @staticmethod
-    def list_runs(runs_dir: str | Path) -> list[dict[str, Any]]:
+    def list_runs(runs_dir: str | Path, read_only: bool = False) -> list[dict[str, Any]]:
         out = []
         root = Path(runs_dir)
         if not root.is_dir():
             return out
         for path in sorted(root.iterdir()):
             if (path / DB_NAME).is_file() and not path.name.startswith("."):
-                store = RunStore(path)
+                store = RunStore(path, read_only=read_only)
                 try:
                     out.append(store.summary())
                 finally:

@@ -125,6 +125,15 @@ class ResourcesSpec(_Strict):
         return v
 
 
+class LoggingSpec(_Strict):
+    """Where else a run reports, besides its run store (both optional; extras `tensorboard`, `mlflow`)."""
+
+    tensorboard: str | None = Field(default=None, min_length=1,
+                                    description="directory for TensorBoard event files (one subdirectory per run)")
+    mlflow: str | None = Field(default=None, min_length=1,
+                               description="MLflow tracking directory (a file store) or tracking URI")
+
+
 class ExperimentSpec(_Strict):
     """The experiment file's tables, checked; the agent's own tables are still raw here."""
 
@@ -136,6 +145,7 @@ class ExperimentSpec(_Strict):
     selection: SelectionSpec = Field(default_factory=SelectionSpec)
     mutation: MutationSpec = Field(default_factory=MutationSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
 
     @model_validator(mode="after")
     def _tournament_fits(self) -> ExperimentSpec:
@@ -166,6 +176,7 @@ class Experiment:
     selection = property(lambda self: self.spec.selection)
     mutation = property(lambda self: self.spec.mutation)
     resources = property(lambda self: self.spec.resources)
+    logging = property(lambda self: self.spec.logging)
 
     def to_json(self) -> dict[str, Any]:
         """The checked file as JSON (what the run store keeps and `evo resume` parses again)."""

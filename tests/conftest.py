@@ -50,3 +50,13 @@ def run_evo(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
 def workdir(tmp_path: Path) -> Path:
     shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def toy_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A runs directory holding one finished tiny run, "toy" (tests/experiments/toy.toml: 3 generations
+    of 4 members, inline), made once by the real `evo run` and shared by read-only tests."""
+    cwd = tmp_path_factory.mktemp("toy_runs")
+    shutil.copy(TOY_EXPERIMENT, cwd / "toy.toml")
+    run_evo(["run", "toy.toml", "--backend", "inline", "--quiet"], cwd, check=True)
+    return cwd / "runs"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -32,11 +33,15 @@ _TRAIN_CALLS = 0
 
 
 def _maybe_crash() -> None:
-    """Crash-safety tests: SIGKILL this process at the N-th train() call (EVO_TOY_KILL_AT_TRAIN=N)."""
+    """Crash-safety tests: SIGKILL this process at the N-th train() call (EVO_TOY_KILL_AT_TRAIN=N).
+    Live-view tests: sleep EVO_TOY_TRAIN_SLEEP seconds per train() call, so a run lasts long enough
+    to be watched on any machine."""
     global _TRAIN_CALLS
     _TRAIN_CALLS += 1
     if os.environ.get("EVO_TOY_KILL_AT_TRAIN") == str(_TRAIN_CALLS):
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("EVO_TOY_TRAIN_SLEEP"):
+        time.sleep(float(os.environ["EVO_TOY_TRAIN_SLEEP"]))
 
 
 class ToyAgent(TorchAgent):
