@@ -55,10 +55,26 @@ def test_wordle_episodes_are_valid_per_token_mdps(wordle):
     assert arrays["tokens"].max() < wordle.vocab_size
 
 
-def test_wordle_evaluate_plays_every_answer(wordle):
-    from agents.ilql.model import ILQLModel
+class _ScriptedSpeller(torch.nn.Module):
+    """A stand-in policy that spells `words[g]` as its g-th guess (greedy through the real decoder)."""
 
-    model = ILQLModel({"vocab_size": wordle.vocab_size, "block_size": 64, "n_layer": 1, "n_embd": 32, "n_head": 2,
-                       "dim_feedfwd": 64})
-    out = wordle.evaluate(model, beta=1.0, samples=1, top_k=0, generator=torch.Generator().manual_seed(0))
-    assert -6.0 <= out["mean_return"] <= -1.0 and 0.0 <= out["win_rate"] <= 1.0
+    def __init__(self, wordle, guesses: list[str]) -> None:
+        super().__init__()
+        self.wordle, self.guesses = wordle, guesses
+
+    def step_outputs(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        guess, letter = divmod(tokens.shape[1] - 1, 10)  # a start token, then 5 letters + 5 feedback per guess
+        logits = torch.zeros(tokens.shape[0], self.wordle.vocab_size)
+        logits[:, self.wordle.tokenizer.token_to_id(self.guesses[guess][letter])] = 1.0
+        zeros = torch.zeros(tokens.shape[0])
+        return {"logits": logits, "target_q": torch.zeros_like(logits), "v": zeros}
+
+
+def test_wordle_evaluate_plays_every_answer_and_scores_each_game(wordle):
+    """Guessing words 0..5 in turn wins game j (answer = word j) in j + 1 guesses and loses every other
+    game (-6): the means follow only if every answer is played once per sample and scored by the rules."""
+    n = len(wordle.words)
+    policy = _ScriptedSpeller(wordle, wordle.words[:6])
+    out = wordle.evaluate(policy, beta=0.0, samples=2, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert out["win_rate"] == pytest.approx(6 / n)
+    assert out["mean_return"] == pytest.approx((-sum(range(1, 7)) - 6 * (n - 6)) / n)
