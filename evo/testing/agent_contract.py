@@ -315,9 +315,11 @@ class AgentContract:
         agent = self.make_agent()
         agent.train(self.train_steps)
         rng = np.random.default_rng(5)
-        for i in range(self.mutation_rounds):
-            where = f"mutate_architecture round {i}"
-            record = agent.mutate_architecture(rng, _NEW_LAYER_PROBS[i % 3])
+        # growth is usually preferred: runs of layer mutations, then of node mutations, press on the bounds
+        schedule = [1.0] * self.mutation_rounds + [0.0] * self.mutation_rounds + [0.5] * self.mutation_rounds
+        for i, new_layer_prob in enumerate(schedule):
+            where = f"mutate_architecture round {i} (new_layer_prob {new_layer_prob})"
+            record = agent.mutate_architecture(rng, new_layer_prob)
             self.check_record(where, record)
             self.check_bounds(where, agent)
         self.check_metrics("train() after architecture mutations", agent.train(self.train_steps))

@@ -18,7 +18,9 @@ class TestEfficientZero(AgentContract):
     agent_class = EfficientZeroAgent
     task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay": 8, "replay_capacity": 2000}
     arch = {"latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16, "proj_size": 16,
-            "value_support": 10, "reward_support": 5}
+            "value_support": 10, "reward_support": 5,
+            # tight bounds: the mutation checks reach them within a few draws, and the networks stay small
+            "max_blocks": 2, "max_hidden": 48, "max_width": 48, "max_lstm_hidden_size": 48}
     hparams = {"num_simulations": 4, "batch_size": 32, "td_steps": 3, "num_unroll_steps": 3}
     train_steps = 16  # env steps: 8 per env; learning starts once the store holds min_replay rows
 
