@@ -9,11 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evo.runstore import DB_NAME
-
 __all__ = ["register", "resolve_target"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# evo.runstore.DB_NAME, spelled out: every `evo` command loads this module to register `dashboard`,
+# and importing the run store (torch, safetensors) would slow down `evo --help` by seconds
+DB_NAME = "run.sqlite"
 
 
 def register(subparsers: Any) -> Callable[[argparse.Namespace], int]:

@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -265,3 +266,15 @@ def test_evo_dashboard_command_serves_and_warns_off_loopback(toy_runs: Path) -> 
 def test_evo_dashboard_refuses_a_missing_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["dashboard", str(tmp_path / "nope")]) == 2
     assert "neither a runs directory nor a run directory" in capsys.readouterr().err
+
+
+def test_registering_the_command_stays_light() -> None:
+    """`evo` loads dashboards.cli on every command: it must not pull in the run store (torch)."""
+    from dashboards.cli import DB_NAME
+    from evo.runstore import DB_NAME as STORE_DB_NAME
+
+    assert DB_NAME == STORE_DB_NAME
+    code = "import sys, dashboards.cli; print('torch' in sys.modules, 'evo.runstore' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.split()
+    assert out == ["False", "False"]
