@@ -68,7 +68,8 @@ class AgentContract:
     #: largest |Δ| allowed in `probe` outputs across a mutation whose record says `function_preserving`
     #: (0.0: the agent promises bit-identical outputs)
     growth_atol: ClassVar[float] = 1e-6
-    #: how many architecture mutations the mutation checks draw (new_layer_prob cycling 1, 0, ½)
+    #: architecture mutations per phase of the mutation checks (the growth check cycles new_layer_prob
+    #: 1, 0, ½; the bounds check draws this many at 1, then at 0, then at ½)
     mutation_rounds: ClassVar[int] = 10
     #: metric names that measure wall-clock time, left out when runs are compared for equality (names
     #: containing "seconds" or ending in "_s" are taken as timings without being listed)
