@@ -35,10 +35,11 @@ from torch.utils._pytree import tree_map
 
 from agents.efficientzero import learner
 from agents.efficientzero.mcts import SearchResult, search
+from agents.efficientzero.support import support_to_scalar
 from evo.agent import Evaluation
 from evo.evolvable import load_optimizer_state, optimizer_state
 from evo.faults import Diverged
-from evo.fused import FusedGroup, architecture_key, batchnorm_modules, call_method, stack_batches
+from evo.fused import FusedGroup, StackedModules, architecture_key, batchnorm_modules, call_method, stack_batches
 
 __all__ = ["FusedEfficientZero", "StackedSearchModel", "search_members"]
 
@@ -123,6 +124,7 @@ class FusedEfficientZero:
     def __init__(self, compile: bool = False) -> None:
         self.compile = compile
         self.groups: dict[str, FusedGroup] = {}
+        self.targets: dict[int, StackedModules] = {}  # id(group) -> its members' target networks, slot for slot
         self._warned = False
 
     # ---- grouping ---------------------------------------------------------------------------
@@ -150,9 +152,11 @@ class FusedEfficientZero:
             group = FusedGroup(template, len(agents), learner.fused_loss(template, int(hp["lstm_horizon_len"])),
                                scalars=dict.fromkeys(learner.LOSS_WEIGHTS.values(), 0.0), compile=self.compile)
             self.groups[key] = group
+            self.targets[id(group)] = StackedModules(template, group.capacity)
         for slot in range(group.capacity):
             group.release(slot)
         for slot, agent in enumerate(agents):
+            self.targets[id(group)].load(slot, agent.target_model)
             settings = agent.optimizer.param_groups
             if len(settings) != 1 or settings[0].get("amsgrad") or settings[0].get("maximize"):
                 raise ValueError("FusedEfficientZero: expected one plain Adam param group per member")
@@ -162,6 +166,28 @@ class FusedEfficientZero:
                        lr=float(s["lr"]), beta1=float(s["betas"][0]), beta2=float(s["betas"][1]), eps=float(s["eps"]),
                        weight_decay=float(s["weight_decay"]), max_grad_norm=float(agent.hparams["grad_clip"]))
         return group
+
+    def _bootstrap(self, group: FusedGroup, obs: dict[int, torch.Tensor]) -> dict[int, np.ndarray]:
+        """`learner.bootstrap_values` of several members' windows ({slot: [B, L, ...]}) in one vmapped
+        call over their target networks; windows shorter than the longest (smaller td_steps) are padded."""
+        targets = self.targets[id(group)]
+        slots = sorted(obs)
+        B = {o.shape[0] for o in obs.values()}
+        if len(B) != 1:
+            raise ValueError(f"fused bootstrap: members of a group share batch_size, found {sorted(B)}")
+        b, L = B.pop(), max(o.shape[1] for o in obs.values())
+        first = obs[slots[0]]
+        x = first.new_zeros((len(slots), b, L, *first.shape[2:]))
+        for i, m in enumerate(slots):
+            x[i, :, : obs[m].shape[1]] = obs[m]
+        index = torch.as_tensor(slots)
+        params = {k: v.index_select(0, index) for k, v in targets.params.items()}
+        buffers = {k: v.index_select(0, index) for k, v in targets.buffers.items()}
+        one = lambda p, bf, rows: call_method(targets.template, p, bf, _initial, rows)
+        with torch.no_grad():
+            _, _, value_logits = vmap(one)(params, buffers, x.reshape(len(slots), b * L, *first.shape[2:]))
+            values = support_to_scalar(value_logits, targets.template.value_support).reshape(len(slots), b, L).numpy()
+        return {m: values[i, :, : obs[m].shape[1]] for i, m in enumerate(slots)}
 
     def _search_model(self, group: FusedGroup, members: int) -> StackedSearchModel:
         params = {k: v[:members] for k, v in group.stack.params.items()}
@@ -242,11 +268,14 @@ class FusedEfficientZero:
                       and agents[m].update_credit >= 1.0 and agents[m]._ready()]
             if not round_:
                 break
-            batches = {}
+            windows = {}
             for m in round_:
                 a = agents[m]
                 a.update_credit -= 1.0
-                batches[m] = learner.sample_batch(a.replay, a.target_model, a.hparams, a.rng)
+                windows[m] = learner.sample_windows(a.replay, a.hparams)
+            boot = self._bootstrap(group, {m: learner.window_obs(seq) for m, seq in windows.items()})
+            batches = {m: learner.batch_from_windows(windows[m], boot[m], agents[m].target_model, agents[m].hparams,
+                                                     agents[m].rng) for m in round_}
             mask = torch.zeros(group.capacity, dtype=torch.bool)
             mask[round_] = True
             terms = group.step(stack_batches({m: b.tensors for m, b in batches.items()}, group.capacity), mask)
@@ -260,6 +289,7 @@ class FusedEfficientZero:
                 a.updates += 1
                 if a.updates % int(a.hparams["target_update_interval"]) == 0:
                     group.read(m, a.target_model)
+                    self.targets[id(group)].load(m, a.target_model)
                 priorities = np.abs(terms["root_value"][m].numpy() - batch.root_target) + 1e-6
                 a.replay.update_priorities(batch.keys, priorities)
                 row = {name: float(terms[name][m]) for name in learner.LOSS_NAMES}

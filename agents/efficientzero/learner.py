@@ -34,7 +34,8 @@ from agents.efficientzero.targets import nstep_value_targets, value_prefix_targe
 from evo.faults import check_finite
 from evo.replay import Replay
 
-__all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "reanalyse_policy", "loss_terms", "fused_loss",
+__all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
+           "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
            "update"]
 
 #: the named loss terms `loss_terms` returns (besides `loss_total` and the detached `root_value`)
@@ -62,19 +63,41 @@ def sample_batch(replay: Replay, target_model: torch.nn.Module, hp: Mapping[str,
                  rng: np.random.Generator) -> Batch:
     """Sample `batch_size` windows and build their targets with the target network.
 
-    `rng` is only drawn from when `reanalyse_ratio` > 0 (which windows are re-searched).
+    `rng` is only drawn from when `reanalyse_ratio` > 0 (which windows are re-searched). The three
+    phases are separate functions so that a fused trainer can compute several members'
+    bootstrap values in one call: `sample_windows`, `bootstrap_values`, `batch_from_windows`.
     """
-    K, n_td, H = int(hp["num_unroll_steps"]), int(hp["td_steps"]), int(hp["lstm_horizon_len"])
-    L = K + 1 + n_td
-    seq = replay.sample_sequences(int(hp["batch_size"]), L)
-    data, mask = seq.data, np.asarray(seq.mask, dtype=bool)
-    obs = torch.as_tensor(np.asarray(data["obs"]), dtype=torch.float32)
-    B = obs.shape[0]
+    seq = sample_windows(replay, hp)
+    return batch_from_windows(seq, bootstrap_values(target_model, window_obs(seq)), target_model, hp, rng)
 
-    with torch.no_grad():  # bootstrap values of every row of the window, from the target network
+
+def sample_windows(replay: Replay, hp: Mapping[str, Any]) -> Any:
+    """`batch_size` sequence windows of K + 1 + td_steps rows (a `SequenceBatch`)."""
+    L = int(hp["num_unroll_steps"]) + 1 + int(hp["td_steps"])
+    return replay.sample_sequences(int(hp["batch_size"]), L)
+
+
+def window_obs(seq: Any) -> torch.Tensor:
+    """The windows' observations, [B, L, ...] float32."""
+    return torch.as_tensor(np.asarray(seq.data["obs"]), dtype=torch.float32)
+
+
+def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor) -> np.ndarray:
+    """The target network's value of every row of the windows, [B, L]."""
+    B, L = obs.shape[:2]
+    with torch.no_grad():
         flat = obs.reshape(B * L, *obs.shape[2:])
         _, tv_logits = target_model.predict(target_model.represent(flat))
-        boot = support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).numpy()
+        return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).numpy()
+
+
+def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module, hp: Mapping[str, Any],
+                       rng: np.random.Generator) -> Batch:
+    """Value, value-prefix and policy targets and importance weights for sampled windows, given
+    their bootstrap values `boot` [B, L]."""
+    K, n_td, H = int(hp["num_unroll_steps"]), int(hp["td_steps"]), int(hp["lstm_horizon_len"])
+    data, mask = seq.data, np.asarray(seq.mask, dtype=bool)
+    obs = window_obs(seq)
     rewards = np.asarray(data["reward"], dtype=np.float64)
     terminals = np.asarray(data["terminal"], dtype=bool)
     z, valid = nstep_value_targets(rewards, terminals, mask, boot, float(hp["discount"]), n_td, K + 1)
