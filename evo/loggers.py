@@ -167,9 +167,9 @@ class MLflowLogger(RunLogger):
         return run.info.run_id
 
     def _find_members(self) -> dict[int, str]:
+        """Member runs an earlier `evo run` made (a resumed run goes on logging into them)."""
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{self.parent}'")
-        return {int(r.data.tags["evo.member"]): r.info.run_id for r in runs
-                if "evo.member" in r.data.tags and r.info.status == "RUNNING"}
+        return {int(r.data.tags["evo.member"]): r.info.run_id for r in runs if "evo.member" in r.data.tags}
 
     def _member(self, row: dict[str, Any]) -> str:
         from mlflow.entities import Param
