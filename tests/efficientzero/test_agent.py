@@ -180,19 +180,6 @@ def test_conv_variant_on_tiny_image_env():
     assert torch.equal(params(a), params(b))
 
 
-@pytest.mark.slow
-def test_small_agent_improves_on_cartpole():
-    task = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
-    ctx = AgentContext(task=task, replay=build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False))
-    a = EfficientZeroAgent.create({}, {"discount": 0.99}, 0, 0, ctx)
-    start = a.evaluate().fitness
-    best = start
-    for _ in range(6):
-        a.train(1000)
-        best = max(best, a.evaluate().fitness)
-    assert best > start + 50
-
-
 def test_export_and_load(tmp_path):
     import agents
 
