@@ -115,8 +115,14 @@ class Agent(ABC):
         """Fitness (higher is better) and named metrics."""
 
     @abstractmethod
-    def clone(self, index: int) -> Agent:
-        """An independent copy under a new index: weights, optimizer state, RNG and counters."""
+    def clone(self, index: int, seed: int | None = None) -> Agent:
+        """An independent copy under a new index: weights, optimizer state and counters, exactly.
+
+        `seed=None` copies the random streams too (the surviving elite keeps its own); an int
+        re-derives *every* random stream the member draws from (torch, numpy and any of its own,
+        such as replay draws or environment seeds) from that seed, so a child explores on its own
+        instead of replaying its parent's training draw for draw.
+        """
 
     @abstractmethod
     def set_hparams(self, values: dict[str, Any]) -> None:
@@ -225,7 +231,8 @@ class TorchAgent(Agent):
     their modules in `networks()` (perturbed by parameter mutation) and optimizers in
     `optimizers()` (receive lr / weight_decay changes). They keep `self.generator`
     (torch) and `self.rng` (numpy) as their only sources of randomness, saved with
-    `rng_state()` and restored with `restore_rng()`.
+    `rng_state()`, restored with `restore_rng()` and re-seeded with `init_rng()` (which
+    `clone(index, seed)` calls: a subclass with streams of its own overrides it to re-seed them all).
     """
 
     context: AgentContext
@@ -242,6 +249,7 @@ class TorchAgent(Agent):
         return []
 
     def init_rng(self, seed: int) -> None:
+        """(Re)seed every random stream of the member from `seed`."""
         self.generator, self.rng = new_streams(seed)
 
     def rng_state(self) -> dict[str, Any]:
@@ -250,10 +258,12 @@ class TorchAgent(Agent):
     def restore_rng(self, state: dict[str, Any]) -> None:
         self.generator, self.rng = restore_streams(state)
 
-    def clone(self, index: int) -> TorchAgent:
+    def clone(self, index: int, seed: int | None = None) -> TorchAgent:
         state = clone_tree(self.get_state())
         twin = type(self).from_state(state, self.context)
         twin.index = index
+        if seed is not None:
+            twin.init_rng(seed)
         return twin
 
     def set_hparams(self, values: dict[str, Any]) -> None:

@@ -267,19 +267,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table()
-    for col in ("run", "agent", "status", "generations", "best score", "updated"):
+    for col in ("run", "agent", "status", "generations", "best score", "diversity (last generation)", "updated"):
         table.add_column(col)
     for r in runs:
         best = "-" if r["best_score"] is None else f"{r['best_score']:.4g}"
+        diversity = "-" if r.get("diversity") is None else r["diversity"].summary()
         table.add_row(r["name"], str(r["agent"]), _status_cell(args.runs_dir, r), f"{r['generations_done']}/{r['generations']}",
                       best,
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
+                      diversity, time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
     Console(width=140).print(table)
     return 0
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
-    from evo.leaderboard import leaderboard_rows, render
+    from evo.leaderboard import diversity_line, leaderboard_rows, render
     from evo.runstore import RunStore
 
     store = RunStore.open(args.run, args.runs_dir)
@@ -288,6 +289,8 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         print(f"run {store.name}: no completed generation yet (status {store.status})")
         return 0
     title = f"{store.name} — after {store.last_completed_generation() + 1} generations ({store.status})"
+    diversity = diversity_line(store)  # flags members whose parameters are bit-identical
+    title += f" · {diversity}" if diversity else ""
     # the table shows what differs between members; the full leaderboard (every row) decides what differs
     everyone = rows if args.top is None else leaderboard_rows(store)
     sys.stdout.write(render(rows, args.format, title, show_all=args.all, population=everyone))

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from evo.diversity import Diversity
 from evo.faults import Failure
 from evo.records import MutationRecord
 from evo.runstore import RunStore
 
-__all__ = ["leaderboard_rows", "render", "varying_keys", "arch_knobs", "compact"]
+__all__ = ["leaderboard_rows", "render", "diversity_line", "varying_keys", "arch_knobs", "compact"]
 
 
 def compact(v: Any) -> str:
@@ -72,7 +73,27 @@ def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, 
             "generation": last,
             **_failure_fields(failures, ev["index"]),
         })
+    _add_diversity(rows, store.diversity(last))
     return rows[:top] if top else rows
+
+
+def _add_diversity(rows: list[dict[str, Any]], diversity: Diversity | None) -> None:
+    """Per row: its parameter digest, the members with bit-identical parameters (`identical_to`,
+    empty when it is unique) and the generation's distinct count and mean distance (evo.diversity)."""
+    if diversity is None:  # a run from before the measurement
+        return
+    for row in rows:
+        digest = diversity.digests.get(row["member"])
+        twins = next((g for g in diversity.identical if row["member"] in g), [])
+        row.update({"param_digest": digest, "identical_to": [i for i in twins if i != row["member"]],
+                    "distinct_members": diversity.distinct,
+                    "mean_param_distance": None if math.isnan(diversity.mean_distance) else diversity.mean_distance})
+
+
+def diversity_line(store: RunStore, generation: int | None = None) -> str:
+    """'diversity 4/4 distinct, mean distance 0.031' (flagged IDENTICAL when members are twins); '' if unmeasured."""
+    diversity = store.diversity(generation)
+    return "" if diversity is None else f"diversity {diversity.summary()}"
 
 
 def _failure_fields(failures: list[Failure], index: int) -> dict[str, Any]:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from evo.agent import Agent, AgentContext
+from evo.diversity import measure_diversity
 from evo.faults import Failure, GenerationFailed
 from evo.mutation import apply_mutation
 from evo.observer import RunObserver
-from evo.rng import generation_rng, member_seed
+from evo.rng import child_seed, generation_rng, member_seed
 from evo.runstore import EvaluatedMember, MemberRecord, RunStore
 from evo.scheduler.base import MemberResult, Scheduler
 from evo.selection import fitness_score, tournament_select
@@ -66,13 +67,15 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
     out: list[Member] = []
     if elite is not None:
         e = members[elite]
-        # the elite survives unmutated and keeps its index and history
+        # the elite survives unmutated and keeps its index, history and random streams
         out.append(Member(MemberRecord(e.index, e.record.parent, e.record.born, e.record.mutation,
                                        dict(e.agent.arch), dict(e.agent.hparams), list(e.record.history)),
                           e.agent.clone(e.index)))
     for pos in parents:
         parent = members[pos]
-        child = parent.agent.clone(next_index)
+        # a child's own streams, from (run seed, its index, its birth generation): an unmutated
+        # clone must explore, not retrace its parent's training draw for draw
+        child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, generation))
         mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng)
         out.append(Member(MemberRecord(next_index, parent.index, generation, mutation.to_json(),
                                        dict(child.arch), dict(child.hparams), []), child))
@@ -147,11 +150,13 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             evaluated.append(EvaluatedMember(member.record, float(result.evaluation.fitness), score,
                                              dict(result.evaluation.metrics), result.train_metrics,
                                              member.agent.get_state(), result.wall_s))
+        # of the members that trained (a failed one holds its start state)
+        diversity = measure_diversity({ev.record.index: ev.state for ev, r in zip(evaluated, results) if not r.failed})
         children = next_generation(members, scores, generation + 1, exp, eligible=[not r.failed for r in results])
         if context.replay is not None:
             store.snapshot_replay(context.replay, generation)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0, diversity=diversity)
         observer.generation_done(generation, store.evaluations(generation))
         members = children
     store.set(status="completed")

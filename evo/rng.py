@@ -4,6 +4,10 @@ member's streams are saved and restored.
 Every member owns two streams, a `torch.Generator` and a `numpy.random.Generator`, and draws
 nothing from global state, so a member restored from its state continues exactly as the original
 would have, in any process.
+
+A founder's streams come from `member_seed(run seed, index)`; a child's from
+`child_seed(run seed, index, birth generation)`, so an unmutated clone does not replay its
+parent's training draw for draw, while the run stays exactly reproducible and resumable.
 """
 
 from __future__ import annotations
@@ -14,12 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["member_seed", "generation_rng", "evaluation_seed", "new_streams", "streams_state", "restore_streams"]
+__all__ = ["member_seed", "child_seed", "generation_rng", "evaluation_seed", "new_streams", "streams_state", "restore_streams"]
 
 
 def member_seed(seed: int, index: int) -> int:
     """A founder's own seed: independent streams for every (run seed, index) pair."""
     return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+_CHILD_TAG = 0xC411D  # keeps child seeds apart from founders' [seed, index] sequences
+
+
+def child_seed(seed: int, index: int, generation: int) -> int:
+    """The seed of a child born as member `index` in `generation`: its own streams, never its parent's.
+
+    Tagged so it never coincides with a founder's `member_seed` or a generation's stream.
+    """
+    sequence = np.random.SeedSequence([seed, index, generation, _CHILD_TAG])
+    return int(sequence.generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def generation_rng(seed: int, generation: int) -> np.random.Generator:

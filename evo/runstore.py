@@ -15,6 +15,7 @@ lineage, export, resume — reads from here.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from evo.checkpoint import load_state, save_state
+from evo.diversity import Diversity
 from evo.faults import Failure
 from evo.replay.protocol import Replay
 
@@ -64,6 +66,14 @@ CREATE TABLE IF NOT EXISTS mutations (
 CREATE TABLE IF NOT EXISTS generations (
     generation INTEGER PRIMARY KEY, completed_at REAL NOT NULL, best_idx INTEGER NOT NULL,
     best_score REAL NOT NULL, wall_s REAL NOT NULL);
+"""
+
+# one row per generation: how many trained members were distinct networks (evo.diversity); runs
+# made before this table existed get it on their next commit and read as "not measured" until then
+_DIVERSITY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS diversity (
+    generation INTEGER PRIMARY KEY, members INTEGER NOT NULL, distinct_members INTEGER NOT NULL,
+    mean_distance REAL, identical TEXT NOT NULL, digests TEXT NOT NULL);
 """
 
 
@@ -146,6 +156,7 @@ class RunStore:
         (tmp / "experiment.toml").write_text(experiment_text)
         db = sqlite3.connect(tmp / DB_NAME)
         db.executescript(_SCHEMA)
+        db.executescript(_DIVERSITY_SCHEMA)
         now = time.time()
         rows = {"name": name, "status": "created", "experiment_toml": experiment_text, "source": source,
                 "experiment": _dumps(experiment), "created_at": repr(now), "updated_at": repr(now), "schema": "1"}
@@ -222,8 +233,10 @@ class RunStore:
             db.execute("INSERT OR REPLACE INTO run VALUES ('status', 'running')")
 
     def commit_generation(self, generation: int, evaluated: list[EvaluatedMember],
-                          next_population: list[tuple[MemberRecord, dict[str, Any]]], wall_s: float) -> None:
-        """Make generation `generation` durable: its evaluations and the population of the next one."""
+                          next_population: list[tuple[MemberRecord, dict[str, Any]]], wall_s: float,
+                          diversity: Diversity | None = None) -> None:
+        """Make generation `generation` durable: its evaluations (and their `diversity`) and the
+        population of the next one."""
         trained = [(ev, *self._write_checkpoint(generation, "trained", ev.record.index, ev.state)) for ev in evaluated]
         starts = [(rec, *self._write_checkpoint(generation + 1, "start", rec.index, state)) for rec, state in next_population]
         best = max(trained, key=lambda t: (t[0].score, -t[0].record.index))[0]
@@ -235,12 +248,43 @@ class RunStore:
                            (generation, r.index, ev.fitness, ev.score, _dumps(r.history), _dumps(ev.metrics),
                             _dumps(ev.train_metrics), rel, digest, _dumps(r.arch), _dumps(r.hparams), ev.wall_s))
             self._insert_population(db, generation + 1, starts)
+            if diversity is not None:
+                self._insert_diversity(db, generation, diversity)
             db.execute("INSERT INTO generations VALUES (?, ?, ?, ?, ?)",
                        (generation, time.time(), best.record.index, best.score, wall_s))
             db.execute("INSERT OR REPLACE INTO run VALUES ('generations_done', ?)", (str(generation + 1),))
             db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
         _crash_if("after_commit", generation)
         self._prune(generation)
+
+    # ---- diversity ------------------------------------------------------------------------------
+    @staticmethod
+    def _insert_diversity(db: sqlite3.Connection, generation: int, d: Diversity) -> None:
+        db.execute(_DIVERSITY_SCHEMA)  # runs created before the table existed
+        mean = None if math.isnan(d.mean_distance) else d.mean_distance
+        db.execute("INSERT OR REPLACE INTO diversity VALUES (?, ?, ?, ?, ?, ?)",
+                   (generation, d.members, d.distinct, mean, _dumps(d.identical),
+                    _dumps({str(k): v for k, v in d.digests.items()})))
+
+    def diversity(self, generation: int | None = None) -> Diversity | None:
+        """What `evo.diversity` measured on `generation`'s trained members (default: the last
+        completed one); None if it was not measured (runs from before the measurement)."""
+        if generation is None:
+            generation = self.last_completed_generation()
+        return self.diversity_history().get(generation)
+
+    def diversity_history(self) -> dict[int, Diversity]:
+        """Every measured generation's diversity, by generation."""
+        present = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'diversity'").fetchone()
+        if present is None:
+            return {}
+        out = {}
+        for r in self._db.execute("SELECT * FROM diversity ORDER BY generation"):
+            out[r["generation"]] = Diversity(
+                members=r["members"], distinct=r["distinct_members"],
+                mean_distance=math.nan if r["mean_distance"] is None else r["mean_distance"],
+                identical=json.loads(r["identical"]), digests={int(k): v for k, v in json.loads(r["digests"]).items()})
+        return out
 
     # ---- the shared replay store -------------------------------------------------------------
     def snapshot_replay(self, replay: Replay, generation: int) -> None:
@@ -375,7 +419,8 @@ class RunStore:
         return {"name": self.name, "status": self.status, "generations_done": self.last_completed_generation() + 1,
                 "generations": exp.get("population", {}).get("generations"), "best_score": best,
                 "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0),
-                "created_at": float(self.get("created_at") or 0)}
+                "created_at": float(self.get("created_at") or 0),
+                "diversity": self.diversity()}
 
     # ---- reading whole tables (the dashboard's views) ------------------------------------------
     def all_evaluations(self) -> list[dict[str, Any]]:

@@ -178,6 +178,10 @@ class ILQLAgent(TorchAgent):
     def rng(self) -> np.random.Generator:  # type: ignore[override]
         return self.ilql.rng
 
+    def init_rng(self, seed: int) -> None:
+        """Re-seed the learner's streams (its training-row draws); `clone(index, seed)` calls this."""
+        self.ilql.reseed(seed)
+
     def networks(self) -> dict[str, torch.nn.Module]:
         m = self.ilql.model
         nets = {"gpt": m.gpt, "q1": m.q1, "v": m.v}

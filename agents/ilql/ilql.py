@@ -18,6 +18,8 @@ with a `sample_fn(n, rng)` that draws rows from it (set by `ILQLAgent`), or None
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +142,8 @@ class ILQL:
         """One gradient step on a batch (sampled if not given), then a Polyak target update."""
         batch = batch if batch is not None else self.sample()
         self.model.train()
-        out = self.forward(batch["tokens"], batch["state_idxs"], batch["action_idxs"], batch["attn_mask"])
+        with self._dropout_stream():
+            out = self.forward(batch["tokens"], batch["state_idxs"], batch["action_idxs"], batch["attn_mask"])
         loss, metrics = ilql_loss(out, batch, self.loss_cfg)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -151,10 +154,29 @@ class ILQL:
         self.steps += 1
         return metrics
 
+    def reseed(self, seed: int) -> None:
+        """New random streams (training-row draws and any torch sampling) from `seed`; weights untouched."""
+        self.generator, self.rng = new_streams(seed)
+
+    @contextmanager
+    def _dropout_stream(self) -> Iterator[None]:
+        """Dropout draws from torch's global stream, which members of one process share and no
+        checkpoint holds: for the forward pass, seed it from this learner's own generator instead."""
+        if not float(self.net_config.get("dropout", 0.0)):
+            yield
+            return
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(int(torch.randint(2**62, (1,), generator=self.generator)))
+            yield
+
     # ---- copies and checkpoints ------------------------------------------------------------------
-    def clone(self, index: int | None = None) -> ILQL:
+    def clone(self, index: int | None = None, seed: int | None = None) -> ILQL:
+        """A copy with the same weights, optimizer and counters; `seed` gives it streams of its own."""
         twin = ILQL.from_state(self.get_state(), self.dataset, device=str(self.device))
         twin.index = self.index if index is None else index
+        if seed is not None:
+            twin.reseed(seed)
         return twin
 
     def get_state(self) -> dict[str, Any]:
