@@ -142,7 +142,10 @@ async function show() {
 }
 
 async function refresh(first) {
+  // the route and its view are read together: a poll still in flight when the user navigates must not
+  // ask the new view to load the old route (that once requested members/undefined)
   const route = state.route;
+  const view = state.view;
   try {
     if (route.view === "runs") {
       const runs = await getJSON("/api/runs");
@@ -154,12 +157,13 @@ async function refresh(first) {
     const version = await getJSON(runUrl(route.run, "version"));
     const key = JSON.stringify(version);
     if (!first && key === state.version) { crumbs(route, state.summary); return; }
-    const [summary, data] = await Promise.all([getJSON(runUrl(route.run, "summary")), state.view.load(route)]);
+    if (route !== state.route) return;
+    const [summary, data] = await Promise.all([getJSON(runUrl(route.run, "summary")), view.load(route)]);
     if (route !== state.route) return;
     state.version = key;
     state.summary = summary;
     renderRunHeader(route, summary);
-    state.view.render(document.getElementById("view"), data, route, first);
+    view.render(document.getElementById("view"), data, route, first);
     crumbs(route, summary);
     document.body.dataset.generations = summary.generations_done;
   } catch (err) {
