@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras=${EVO_EXTRAS:-dev,dashboard}   # dev: the test tools; dashboard: `evo dashboard`
+extras=${EVO_EXTRAS:-dev,dashboard,envs}   # dev: the test tools; dashboard: `evo dashboard`; envs: Atari, MinAtar
 stamp=.venv/.evo-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ ! -x .venv/bin/python ]; then

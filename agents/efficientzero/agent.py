@@ -11,10 +11,11 @@ The work is done elsewhere:
 * the model variant (`model.EfficientZeroMLP` / `EfficientZeroConv`) applies its own
   architecture mutations.
 
-`train(steps)` is one game segment per vector env with `replay_ratio` updates interleaved per env
-step once the store holds `min_replay` rows. Segments start from fresh resets drawn from the
-member's RNG, so `get_state()` between calls captures everything: a restored member continues
-exactly as the original would.
+`train(steps)` is one game segment per env with `replay_ratio` updates interleaved per env step
+once the store holds `min_replay` rows. Episodes in flight carry over from one call to the next;
+`get_state()` holds them (seeds and actions, replayed on restore) with everything else, so a
+restored member, on any backend or after a resume, continues exactly as the original would. A
+clone inherits its parent's episodes in flight (a copy of each env, rebuilt by replay).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import numpy as np
 import torch
 
 from agents.efficientzero import learner
-from agents.efficientzero.envs import env_spaces
+from agents.efficientzero.atari import check_atari_settings, is_atari
+from agents.efficientzero.envs import observation_spec
 from agents.efficientzero.model import build_model
 from agents.efficientzero.selfplay import SelfPlay, replay_schema
 from evo.agent import AgentContext, Evaluation, TorchAgent
@@ -48,6 +50,8 @@ TASK_DEFAULTS: dict[str, Any] = {
     "min_replay": 256,
     "priority_alpha": 0.6,
     "priority_beta": 0.4,
+    "eval_max_steps": 2000,   # steps per evaluation episode at most (bounds evaluation on long-episode tasks)
+    "atari": {},              # ALE/ ids: the Atari 100k protocol's settings (agents.efficientzero.atari)
     # the networks' floating-point type; "float64" makes fused and one-by-one training agree to rounding
     "dtype": "float32",
 }
@@ -147,15 +151,19 @@ class EfficientZeroAgent(TorchAgent):
         out = {**TASK_DEFAULTS, **task}
         if not isinstance(out["env_id"], str) or not out["env_id"]:
             raise ValueError(f"task.env_id: expected a gymnasium environment id, found {out['env_id']!r}")
-        for key in ("num_envs", "eval_episodes", "replay_capacity", "segment_length", "min_replay"):
+        for key in ("num_envs", "eval_episodes", "replay_capacity", "segment_length", "min_replay", "eval_max_steps"):
             if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
                 raise ValueError(f"task.{key}: expected a positive integer, found {out[key]!r}")
         if not isinstance(out["env_kwargs"], dict):
             raise ValueError(f"task.env_kwargs: expected a table, found {out['env_kwargs']!r}")
         if out["dtype"] not in DTYPES:
             raise ValueError(f"task.dtype: expected one of {sorted(DTYPES)}, found {out['dtype']!r}")
+        if is_atari(out["env_id"]):
+            out["atari"] = check_atari_settings(out["atari"])
+        elif out["atari"]:
+            raise ValueError(f"task.atari: only for ALE/ environments, found it with {out['env_id']!r}")
         try:
-            env_spaces(out["env_id"], out["env_kwargs"])
+            observation_spec(out)
         except ValueError:
             raise
         except Exception as exc:
@@ -166,8 +174,8 @@ class EfficientZeroAgent(TorchAgent):
     def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec:
         """Prioritised sequence replay of every member's self-play, linked by episode."""
         task = cls.validate_task(task)
-        obs_shape, num_actions = env_spaces(task["env_id"], task["env_kwargs"])
-        return ReplaySpec(replay_schema(obs_shape, num_actions), capacity=task["replay_capacity"],
+        spec = observation_spec(task)
+        return ReplaySpec(replay_schema(spec.shape, spec.num_actions, spec.dtype), capacity=task["replay_capacity"],
                           sampler="prioritized", alpha=task["priority_alpha"], beta=task["priority_beta"],
                           episode_field="episode")
 
@@ -182,14 +190,17 @@ class EfficientZeroAgent(TorchAgent):
         if unknown:
             raise ValueError(f"hparams.{unknown[0]}: unknown hyperparameter; expected some of {sorted(defaults)}")
         self.hparams = {**defaults, **hparams}
-        self.obs_shape, self.num_actions = env_spaces(self.task["env_id"], self.task["env_kwargs"])
+        obs_spec = observation_spec(self.task)
+        self.obs_shape, self.num_actions = obs_spec.shape, obs_spec.num_actions
         self.init_rng(seed)
         self.model = build_model(self.obs_shape, self.num_actions, self.arch, self.generator).to(DTYPES[self.task["dtype"]])
         self.arch.update(self.model.arch())
+        self.model.obs_scale = obs_spec.obs_scale  # uint8 images are read as pixel / 255
         self.target_model = copy.deepcopy(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.hparams["lr"],
                                           weight_decay=self.hparams["weight_decay"])
         self.selfplay = SelfPlay(self.task)
+        self.last_train_seconds = 0.0
         self.env_steps = 0
         self.updates = 0
         self.update_credit = 0.0
@@ -236,9 +247,11 @@ class EfficientZeroAgent(TorchAgent):
         finished = self.selfplay.collect(self.model, self.hparams, self.rng, self.replay, self.index, steps,
                                          lambda n: self._learn_after(n, learned))
         out = {k: float(np.mean(v)) for k, v in learned.items()}
+        self.last_train_seconds = time.perf_counter() - t0
         out.update({"env_steps": float(self.env_steps), "updates": float(self.updates),
-                    "train_episodes": float(len(finished)), "train_seconds": time.perf_counter() - t0})
-        if finished:  # none finish when every episode outlives steps / num_envs
+                    "train_episodes": float(len(finished)), "train_seconds": self.last_train_seconds,
+                    "carry_restarts": float(self.selfplay.carry_restarts)})
+        if finished:  # episodes carry over between calls, so long ones finish in a later call
             out["train_episode_return"] = float(np.mean(finished))
         return out
 
@@ -267,9 +280,15 @@ class EfficientZeroAgent(TorchAgent):
         return metrics
 
     def evaluate(self) -> Evaluation:
+        """`eval_episodes` greedy episodes of at most `eval_max_steps` steps. What evaluating costs is
+        reported beside the fitness: `eval_seconds` and `eval_seconds_share`, its share of this
+        member's last train + evaluate time."""
         torch.set_num_threads(1)
+        t0 = time.perf_counter()
         metrics = self.selfplay.evaluate(self.model, self.hparams, self.context.seed)
-        metrics.update({"env_steps": float(self.env_steps), "updates": float(self.updates)})
+        seconds = time.perf_counter() - t0
+        metrics.update({"env_steps": float(self.env_steps), "updates": float(self.updates), "eval_seconds": seconds,
+                        "eval_seconds_share": seconds / max(seconds + self.last_train_seconds, 1e-9)})
         return Evaluation(fitness=metrics["eval_return"], metrics=metrics)
 
     # ---- evolution ------------------------------------------------------------------------
@@ -302,6 +321,7 @@ class EfficientZeroAgent(TorchAgent):
             "target_model": {k: v.detach().clone() for k, v in self.target_model.state_dict().items()},
             "optimizer": optimizer_state(self.optimizer, self.model),
             "rng": self.rng_state(),
+            "selfplay": self.selfplay.state(),  # the episodes in flight
             "counters": {"env_steps": self.env_steps, "updates": self.updates, "episodes": self.selfplay.episodes,
                          "update_credit": self.update_credit},
         }
@@ -321,5 +341,6 @@ class EfficientZeroAgent(TorchAgent):
         c = state["counters"]
         agent.env_steps, agent.updates = int(c["env_steps"]), int(c["updates"])
         agent.selfplay.episodes = int(c["episodes"])
+        agent.selfplay.load_state(state.get("selfplay"))
         agent.update_credit = float(c["update_credit"])
         return agent

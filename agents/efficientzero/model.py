@@ -343,6 +343,8 @@ class _ModelBase(nn.Module):
     value_support: int
     reward_support: int
     lstm_hidden_size: int
+    #: observations are multiplied by this before the representation (1/255 for uint8 images)
+    obs_scale: float = 1.0
 
     def initial_hidden(self, batch: int) -> Hidden:
         ref = next(self.parameters())
@@ -427,7 +429,8 @@ class EfficientZeroMLP(_ModelBase):
 
     def represent(self, obs: torch.Tensor) -> torch.Tensor:
         # the networks' own dtype (float64 members in exactness tests), not always float32
-        return _minmax(self.representation(obs.flatten(1).to(self.representation.fc_in.weight.dtype)))
+        x = obs.flatten(1).to(self.representation.fc_in.weight.dtype)
+        return _minmax(self.representation(x if self.obs_scale == 1.0 else x * self.obs_scale))
 
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.prediction(latent)
@@ -516,7 +519,8 @@ class EfficientZeroConv(_ModelBase):
         self.proj = _Projection(channels * hw[0] * hw[1], int(arch["proj_size"]), act)
 
     def represent(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.stem(obs.to(self.stem[0].weight.dtype))
+        x = obs.to(self.stem[0].weight.dtype)
+        x = self.stem(x if self.obs_scale == 1.0 else x * self.obs_scale)
         for block in self.rep_blocks:
             x = block(x)
         return _minmax(x)

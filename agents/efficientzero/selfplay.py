@@ -1,11 +1,18 @@
 """EfficientZero self-play: collecting game segments into the shared replay, and evaluation episodes.
 
-`SelfPlay.collect` runs one game segment per vector env: the envs are reset from the member's RNG,
-`steps` environment steps are collected with one batched MCTS over all envs per step, and each
-env's rows go to the replay when its episode ends, every `segment_length` rows of a long episode,
-and at the end of the call. After every vector step a callback runs (the agent interleaves its
-gradient updates there). Segments start from fresh resets, so nothing about the envs needs saving:
-a member's state is its episode counter plus what the agent holds.
+`SelfPlay.collect` runs one game segment per env of the member's `EnvPool`: `steps` environment
+steps are collected with one batched MCTS over all envs per step, and each env's rows go to the
+replay when its episode ends, every `segment_length` rows of a long episode, and at the end of the
+call. After every vector step a callback runs (the agent interleaves its gradient updates there).
+
+Episodes do not end at a `train` call's boundary: the envs' episodes in flight, their returns and
+step counts carry over to the next call (`state()` / `load_state()`: the pool's seeds and action
+logs, replayed to rebuild the envs anywhere; see agents.efficientzero.envs). Each call's rows of
+an episode are a trajectory piece of their own (a new episode id), so nothing pending is held
+between calls. An env is reset, from a seed drawn from the member's RNG, only when its episode ends.
+
+For Atari (`task.atari`), training rows clip rewards to their sign and mark a lost life terminal
+(the game goes on in a new trajectory piece); returns and evaluation use the true game score.
 
 Rows (see `replay_schema`): obs, action, reward, terminal, the search's root visit distribution
 (`policy`) and root value, the episode id `(member_index << 40) | counter` and the step in it.
@@ -19,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.efficientzero.envs import make_vector_env
+from agents.efficientzero.envs import EnvPool
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult, select_actions
 from evo.replay import Field, Replay, Schema
 
@@ -31,10 +38,10 @@ EPISODE_SHIFT = 40
 _ROW_FIELDS = ("obs", "action", "reward", "terminal", "policy", "root_value", "step")
 
 
-def replay_schema(obs_shape: tuple[int, ...], num_actions: int) -> Schema:
-    """The rows EfficientZero self-play writes to the shared store."""
+def replay_schema(obs_shape: tuple[int, ...], num_actions: int, obs_dtype: str = "float32") -> Schema:
+    """The rows EfficientZero self-play writes to the shared store (images as uint8: 1 byte a pixel)."""
     return Schema({
-        "obs": Field("float32", tuple(obs_shape)),
+        "obs": Field(obs_dtype, tuple(obs_shape)),
         "action": Field("int64"),
         "reward": Field("float32"),
         "terminal": Field("bool"),
@@ -54,7 +61,7 @@ def _flush(replay: Replay, rows: dict[str, list], episode: int) -> None:
     if not rows["obs"]:
         return
     replay.insert({
-        "obs": np.stack(rows["obs"]).astype(np.float32),
+        "obs": np.stack(rows["obs"]),
         "action": np.asarray(rows["action"], dtype=np.int64),
         "reward": np.asarray(rows["reward"], dtype=np.float32),
         "terminal": np.asarray(rows["terminal"], dtype=bool),
@@ -71,8 +78,43 @@ class SelfPlay:
     def __init__(self, task: Mapping[str, Any], episodes: int = 0) -> None:
         self.task = task
         self.episodes = episodes
-        self._envs: Any = None
-        self._eval_envs: Any = None
+        self._pool: EnvPool | None = None
+        self._eval_pool: EnvPool | None = None
+        self._carried: Mapping[str, Any] | None = None  # a saved state, restored on the next segment
+        n = int(task["num_envs"])
+        self.ep_steps, self.ep_returns = [0] * n, [0.0] * n  # of the episodes in flight
+        self.carry_restarts = 0
+        atari = task.get("atari") or {}
+        self._clip_rewards = bool(atari.get("clip_rewards", False))
+        self._life_terminal = bool(atari.get("terminal_on_life_loss", False))
+
+    def state(self) -> dict[str, Any] | None:
+        """The episodes in flight (None before the first segment): pool snapshot, step counts, returns."""
+        if self._pool is None:
+            return None if self._carried is None else dict(self._carried)
+        return {"pool": self._pool.snapshot(), "ep_steps": list(self.ep_steps), "ep_returns": list(self.ep_returns),
+                "carry_restarts": self.carry_restarts}
+
+    def load_state(self, state: Mapping[str, Any] | None) -> None:
+        """Continue the episodes of `state` (a `state()`) at the next segment."""
+        self._carried = state
+        if state is not None:
+            self.ep_steps = [int(v) for v in state["ep_steps"]]
+            self.ep_returns = [float(v) for v in state["ep_returns"]]
+            self.carry_restarts = int(state.get("carry_restarts", 0))
+
+    def _training_pool(self, rng: np.random.Generator) -> EnvPool:
+        """The member's envs: built on first use, then either the carried episodes replayed or fresh ones."""
+        if self._pool is None:
+            self._pool = EnvPool(self.task, int(self.task["num_envs"]))
+            if self._carried is None:
+                self._pool.reset_all(rng)
+            else:
+                for i in self._pool.restore(self._carried["pool"], rng):
+                    self.ep_steps[i], self.ep_returns[i] = 0, 0.0
+                self.carry_restarts += self._pool.restarts
+            self._carried = None
+        return self._pool
 
     def _new_episode_id(self, member_index: int) -> int:
         self.episodes += 1
@@ -98,43 +140,42 @@ class SelfPlay:
         it (resume it with `send(None)`): a fused driver learns for every member there, in the
         place `after_step` would have run — before the segment's final rows are flushed."""
         n = int(self.task["num_envs"])
-        if self._envs is None:
-            self._envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
-        envs = self._envs
-        obs, _ = envs.reset(seed=int(rng.integers(2**31)))
+        pool = self._training_pool(rng)
+        obs = pool.observations()
         buffers = [_empty_rows() for _ in range(n)]
-        ep_ids = [self._new_episode_id(member_index) for _ in range(n)]
-        ep_steps = [0] * n
-        returns = np.zeros(n)
+        ep_ids = [self._new_episode_id(member_index) for _ in range(n)]  # this call's piece of each episode
+        ep_steps, returns = self.ep_steps, self.ep_returns
         finished: list[float] = []
         temperature = float(hp["collect_temperature"])
         collected = 0
         while collected < steps:
             result = yield obs
             actions = select_actions(result.visit_counts, temperature, rng)
-            next_obs, reward, term, trunc, _ = envs.step(actions)
             for i in range(n):
+                _, reward, term, trunc, life_lost = pool.step(i, int(actions[i]))
+                life_end = life_lost and self._life_terminal and not term
                 rows = buffers[i]
-                rows["obs"].append(np.asarray(obs[i], dtype=np.float32))
+                rows["obs"].append(obs[i])
                 rows["action"].append(int(actions[i]))
-                rows["reward"].append(float(reward[i]))
-                rows["terminal"].append(bool(term[i]))
+                rows["reward"].append(float(np.sign(reward)) if self._clip_rewards else reward)
+                rows["terminal"].append(term or life_end)
                 rows["policy"].append(result.policy[i].astype(np.float32))
                 rows["root_value"].append(float(result.root_values[i]))
                 rows["step"].append(ep_steps[i])
                 ep_steps[i] += 1
-                returns[i] += reward[i]
-                if term[i] or trunc[i]:
+                returns[i] += reward
+                if term or trunc:
                     finished.append(float(returns[i]))
                     returns[i] = 0.0
                     _flush(replay, rows, ep_ids[i])
                     buffers[i] = _empty_rows()
                     ep_ids[i], ep_steps[i] = self._new_episode_id(member_index), 0
-                elif len(rows["obs"]) >= self.task["segment_length"]:
+                    pool.reset(i, rng)
+                elif life_end or len(rows["obs"]) >= self.task["segment_length"]:
                     _flush(replay, rows, ep_ids[i])
                     buffers[i] = _empty_rows()
                     ep_ids[i] = self._new_episode_id(member_index)
-            obs = next_obs
+            obs = pool.observations()
             collected += n
             if after_step is None:
                 yield None
@@ -154,24 +195,30 @@ class SelfPlay:
                      lambda obs: mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False))
 
     def evaluation(self, run_seed: int) -> Generator[np.ndarray, SearchResult, dict[str, float]]:
-        """`evaluate` without the search: yields observations, expects their (noise-free) search result."""
-        n = int(self.task["eval_episodes"])
-        if self._eval_envs is None:
-            self._eval_envs = make_vector_env(self.task["env_id"], n, self.task["env_kwargs"])
-        envs = self._eval_envs
-        obs, _ = envs.reset(seed=int(run_seed) * 7919 + 12345)
+        """`evaluate` without the search: yields the observations, expects their (noise-free) search
+        result. Env i starts from seed `run_seed * 7919 + 12345 + i`
+        (every member faces the same starts); an episode stops at the env's own end or after
+        `eval_max_steps` steps (counted in `eval_truncated`)."""
+        n, cap = int(self.task["eval_episodes"]), int(self.task["eval_max_steps"])
+        if self._eval_pool is None:
+            self._eval_pool = EnvPool(self.task, n)
+        pool = self._eval_pool
+        for i in range(n):
+            pool.reset_to(i, int(run_seed) * 7919 + 12345 + i)
         returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
-        done = np.zeros(n, dtype=bool)
+        done, capped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         while not done.all():
-            result = yield obs
+            # every env's observation, finished ones too: fused evaluation searches equal batches per member
+            result = yield pool.observations()
             actions = select_actions(result.visit_counts, 0.0, None)
-            obs, reward, term, trunc, _ = envs.step(actions)
-            live = ~done
-            returns[live] += reward[live]
-            lengths[live] += 1
-            done |= term | trunc
+            for i in np.flatnonzero(~done):
+                _, reward, term, trunc, _ = pool.step(i, int(actions[i]))
+                returns[i] += reward
+                lengths[i] += 1
+                capped[i] = not (term or trunc) and lengths[i] >= cap
+                done[i] = term or trunc or capped[i]
         return {"eval_return": float(returns.mean()), "eval_return_std": float(returns.std()),
-                "eval_length": float(lengths.mean())}
+                "eval_length": float(lengths.mean()), "eval_truncated": float(capped.mean())}
 
 
 def drive(steps: Generator[np.ndarray, SearchResult, Any], search: Callable[[np.ndarray], SearchResult]) -> Any:

@@ -11,7 +11,9 @@ from evo.replay import build_replay
 SMALL_ARCH = {"latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16, "proj_size": 16,
               "value_support": 10, "reward_support": 5}
 FAST_HP = {"num_simulations": 4, "batch_size": 16, "replay_ratio": 0.25, "td_steps": 3, "num_unroll_steps": 3}
-TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay": 16, "replay_capacity": 5000}
+# segment_length 10: rows reach the store within a short call even when no episode ends in it
+TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay": 16, "replay_capacity": 5000,
+        "segment_length": 10}
 
 
 def make(seed=0, index=0, arch=None, hp=None, task=None, replay=None):

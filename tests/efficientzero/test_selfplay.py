@@ -55,6 +55,6 @@ def test_collect_writes_segments_under_member_episode_ids():
 def test_evaluation_is_repeatable_from_the_run_seed():
     selfplay, model, hp = SelfPlay(TASK), _model(), {**HP, "eval_simulations": 2}
     first = selfplay.evaluate(model, hp, run_seed=5)
-    assert set(first) == {"eval_return", "eval_return_std", "eval_length"}
+    assert set(first) == {"eval_return", "eval_return_std", "eval_length", "eval_truncated"}
     assert first == SelfPlay(TASK).evaluate(model, hp, run_seed=5) == selfplay.evaluate(model, hp, run_seed=5)
     assert first["eval_length"] >= 1 and first["eval_return"] == first["eval_length"]  # CartPole: +1 per step
