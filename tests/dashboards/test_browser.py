@@ -284,6 +284,7 @@ def test_page_updates_while_the_run_progresses(tab: Page, tmp_path: Path, shots:
             page.wait_for_function("document.querySelector('#run-header .status').textContent === 'completed'")
             assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded
             assert len(members_in_table(page)) == 4
+            page.goto("about:blank")  # stop polling before the server goes (a poll after it is a refused load)
     finally:
         if proc.poll() is None:
             proc.kill()
