@@ -87,7 +87,12 @@ def test_efficientzero_population_on_ray_shares_one_replay_service(tmp_path: Pat
     still holds all of them plus the child's. (Reads go through per-member views of that service,
     docs/replay.md; the founders' gradient updates show they read their rows back.)"""
     name = "cartpole_efficientzero"
-    tiny_experiment(name, tmp_path, "ray")
+    path = tiny_experiment(name, tmp_path, "ray")
+    # in-flight episodes carry over between generations: give each env enough steps (80) that every
+    # founder finishes episodes (and so writes rows) in generation 0
+    data = tomllib.loads(path.read_text())
+    data["population"]["steps_per_generation"] = 160
+    path.write_text(tomli_w.dumps(data))
     proc = run_evo(["run", f"{name}.toml", "--seed", str(SEED)], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     store = RunStore.open(name, tmp_path / "runs")
