@@ -272,8 +272,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in runs:
         best = "-" if r["best_score"] is None else f"{r['best_score']:.4g}"
         diversity = "-" if r.get("diversity") is None else r["diversity"].summary()
-        table.add_row(r["name"], str(r["agent"]), _status_cell(args.runs_dir, r), f"{r['generations_done']}/{r['generations']}",
-                      best,
+        table.add_row(r["name"], str(r["agent"]), _status_cell(args.runs_dir, r),
+                      f"{r['generations_done']}/{r['generations']}", best,
                       diversity, time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated_at"])))
     Console(width=140).print(table)
     return 0

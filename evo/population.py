@@ -161,6 +161,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         members = children
     store.set(status="completed")
 
+
 def record_failures(store: RunStore, generation: int, results: list[MemberResult]) -> list[Failure]:
     """Write every failed attempt of the generation to the run store (retried ones too); raise
     `GenerationFailed` if no member came through."""

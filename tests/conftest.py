@@ -60,3 +60,25 @@ def toy_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(TOY_EXPERIMENT, cwd / "toy.toml")
     run_evo(["run", "toy.toml", "--backend", "inline", "--quiet"], cwd, check=True)
     return cwd / "runs"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local 2-CPU Ray for one test module (starting Ray costs seconds: share it), shut down after."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test: 2 threads on this 2-core machine stall tiny ops (DESIGN.md)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+

@@ -159,14 +159,6 @@ def test_measure_diversity_flags_identical_members() -> None:
 
 
 # ---- inline and Ray agree ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
 def _ray_digests(make: Callable[[], Agent], steps: int, replay=None) -> list[str]:
     from evo.scheduler.ray import RayScheduler
 

@@ -24,12 +24,7 @@ HPARAMS = [{"lr": 3e-3, "discount": 0.99, "replay_ratio": 0.25, "consistency_wei
            {"lr": 5e-3, "discount": 0.995, "replay_ratio": 0.25, "value_weight": 0.5, "target_update_interval": 5}]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def members(shared):

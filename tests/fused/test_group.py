@@ -19,13 +19,7 @@ from evo.fused import FusedGroup, FusedPopulation, StackedModules, architecture_
 OBS, ACTIONS = 5, 3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2 intra-op threads on this 2-core machine stall tiny ops (see DESIGN.md); 20x slower here
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def td_loss(q_values, batch, discount):

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
 from agents.ilql.agent import ILQLAgent
 from evo.agent import AgentContext
 from evo.replay import build_replay
 
 ARCH = {"n_layer": 1, "n_embd": 32, "n_head": 2, "dim_feedfwd": 64}
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def test_service_and_local_store_give_identical_training(ray_cluster):

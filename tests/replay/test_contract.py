@@ -13,15 +13,6 @@ from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, conca
 BACKENDS = ["memory", "mmap", "ray"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2,
-             log_to_driver=False, configure_logging=False)
-    yield ray
-    ray.shutdown()
-
-
 @pytest.fixture(params=BACKENDS)
 def make(request, tmp_path):
     """Factory: make(schema, **store_kwargs) -> a store-like object of the parametrised backend."""
