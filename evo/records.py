@@ -55,7 +55,7 @@ class MutationRecord:
     def summary(self) -> str:
         """One short line, e.g. "rl_hp lr 0.003→0.0045" or "architecture add_block (dynamics)"."""
         parts = [self.kind or "?"]
-        if self.op not in ("none", self.kind, "hparams"):
+        if self.op not in ("none", self.kind, "hparams", f"set_{self.kind}"):
             parts.append(self.op)
         if "network" in self.details:
             parts.append(f"({self.details['network']})")
