@@ -124,8 +124,7 @@ class StackedModules:
         """Copy `module`'s weights into `slot` (in place) and mark the slot active."""
         self.check(module)
         with torch.no_grad():
-            state = dict(module.named_parameters())
-            state.update(dict(module.named_buffers()))
+            state = _named_tensors(module)
             for name, t in {**self.params, **self.buffers}.items():
                 t[slot].copy_(state[name])
         self.active[slot] = True
@@ -134,8 +133,7 @@ class StackedModules:
         """Copy `slot`'s weights into `module` (same architecture) and return it."""
         self.check(module)
         with torch.no_grad():
-            state = dict(module.named_parameters())
-            state.update(dict(module.named_buffers()))
+            state = _named_tensors(module)
             for name, t in {**self.params, **self.buffers}.items():
                 state[name].copy_(t[slot])
         return module
@@ -175,3 +173,8 @@ class StackedModules:
     def module_for(self, slot: int) -> nn.Module:
         """A fresh module holding `slot`'s weights (a copy of the template)."""
         return self.read(slot, copy.deepcopy(self.template))
+
+
+def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's parameters and buffers by name (the tensors themselves, not copies)."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
