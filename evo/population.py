@@ -117,7 +117,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
     context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
-                        res.timeout_s, res.max_failures, res.custom_resources), context
+                        res.timeout_s, res.max_failures, res.custom_resources, res.placement), context
 
 
 def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: AgentContext,

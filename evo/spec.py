@@ -101,6 +101,9 @@ class ResourcesSpec(_Strict):
     cpus_per_member: float = Field(default=1.0, gt=0)
     gpus_per_member: float = Field(default=0.0, ge=0)
     address: str | None = None
+    placement: Literal["spread", "default"] = Field(
+        default="spread", description="where Ray puts member actors: 'spread' over as many nodes as possible, or "
+                                      "Ray's 'default' (the driver's node first); docs/cluster.md")
     timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
     fused: bool = Field(default=False, description="train members that share an architecture as one vectorised "
                                                    "program (inline backend; docs/fused.md)")

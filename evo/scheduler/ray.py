@@ -6,6 +6,18 @@ run's AgentContext once (the task and the shared replay store handle) and pins t
 `cpus_per_member` threads; for each member it wraps the store in the member's own view
 (evo.replay.view) and ships the view's staged writes back with the result.
 
+Placement (docs/cluster.md): actors are spread over the cluster's nodes (`resources.placement =
+"spread"`, Ray's SPREAD strategy) or left to Ray's default, which fills the driver's node first
+("default"). An actor with a GPU share trains on the device Ray assigned it: Ray sets
+CUDA_VISIBLE_DEVICES to the GPU ids it granted, so the member's device is `cuda:0` *within that
+visible set* — four actors with 0.25 each see the same physical GPU as their `cuda:0`. States
+travel both ways as CPU tensors: the driver puts each member's start state in the object store
+once (a retry reuses it), and an actor moves the trained state to the CPU before returning it.
+
+Warm-up: a fresh actor imports torch and pays its lazy imports (torch._dynamo, sympy: seconds) and,
+on a GPU, CUDA's context creation, in `__init__`; the driver dispatches to an actor only after its
+`ready()` has answered, so `timeout_s` measures a member's own work, not an actor's start-up.
+
 Faults (docs/faults.md): a member whose actor dies (process killed, node lost) is retried from its
 generation-start state on another actor, up to `max_failures` times, and a replacement actor keeps
 the pool at `num_workers`; a member that diverges or raises is reported failed (not retried); a
@@ -16,6 +28,7 @@ waits in slices of at most a second, so Ctrl-C and SIGTERM are handled within se
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from typing import Any
 
@@ -30,18 +43,72 @@ from evo.replay.view import MemberView, commit_views, view_seed
 from evo.scheduler.base import MemberResult, attempt_member, failed_result, member_context
 from evo.scheduler.cluster import init_ray
 
-__all__ = ["RayScheduler", "init_ray"]
+__all__ = ["RayScheduler", "init_ray", "PLACEMENTS", "to_cpu"]
+
+PLACEMENTS = {"spread": "SPREAD", "default": "DEFAULT"}  # resources.placement -> Ray scheduling strategy
+
+
+def to_cpu(tree: Any) -> Any:
+    """A state tree with every tensor on the CPU (others untouched): what travels back to the driver."""
+    import torch
+
+    if torch.is_tensor(tree):
+        return tree.detach().cpu() if tree.device.type != "cpu" else tree
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
+
+
+def member_device(gpu_ids: list[str], cuda_available: bool, default: str) -> str:
+    """The device a member actor trains on: with GPUs granted by Ray, the first device of the visible
+    set Ray pinned (CUDA_VISIBLE_DEVICES), `cuda:0`; `default` without. Logical GPUs on a machine
+    without CUDA (tests, a misdeclared node) give the CPU."""
+    if not gpu_ids:
+        return default
+    return "cuda:0" if cuda_available else "cpu"
+
+
+def warm_up(device: str) -> None:
+    """One tiny Adam step on `device`: loads torch's lazy imports (torch._dynamo, sympy) and, on a GPU,
+    creates the CUDA context — the seconds a first member would otherwise pay inside its timeout."""
+    import torch
+
+    net = torch.nn.Linear(4, 4).to(device)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(torch.zeros(2, 4, device=device)).sum().backward()
+    opt.step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 class _MemberWorker:
     """A Ray actor that trains whichever member it is handed."""
 
-    def __init__(self, agent_class: type[Agent], context: AgentContext, threads: int) -> None:
+    def __init__(self, agent_class: type[Agent], context: AgentContext, threads: int, warm: bool = True) -> None:
+        import os
+
+        import ray
         import torch
 
+        start = time.perf_counter()
         torch.set_num_threads(max(1, threads))
         self.cls = agent_class
-        self.context = context
+        gpu_ids = [str(i) for i in ray.get_gpu_ids()]
+        device = member_device(gpu_ids, torch.cuda.is_available(), context.device)
+        self.context = AgentContext(task=context.task, replay=context.replay, device=device, seed=context.seed)
+        if warm:
+            warm_up(device)
+        self.info = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "gpu_ids": gpu_ids,
+                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": device,
+                     "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                     "warm_up_s": time.perf_counter() - start}
+
+    def ready(self) -> dict[str, Any]:
+        """Where this actor runs (node, pid, GPU ids, device) and its start-up seconds; answered once
+        `__init__` (the warm-up) is done."""
+        return dict(self.info)
 
     def pid(self) -> int:
         import os
@@ -50,33 +117,79 @@ class _MemberWorker:
 
     def run(self, state: dict[str, Any], steps: int, basis: ViewBasis | None,
             seed: np.random.SeedSequence) -> dict[str, Any]:
+        start = time.perf_counter()
         view = MemberView(self.context.replay, basis, seed) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
+        load_s = time.perf_counter() - start
         metrics, evaluation, wall, failure = attempt_member(agent, steps)
         if failure is not None:  # whatever the attempt staged is dropped with the view
             return {"failure": failure, "wall_s": wall}
-        return {"failure": None, "state": agent.get_state(), "metrics": metrics, "evaluation": evaluation,
-                "wall_s": wall, "staged": view.staged() if view is not None else None}
+        start = time.perf_counter()
+        out = to_cpu(agent.get_state())
+        return {"failure": None, "state": out, "metrics": metrics, "evaluation": evaluation,
+                "wall_s": wall, "staged": view.staged() if view is not None else None,
+                "load_s": load_s, "save_s": time.perf_counter() - start, "node_id": self.info["node_id"]}
 
 
 class RayScheduler:
     def __init__(self, agent_class: type[Agent], context: AgentContext, num_workers: int,
                  cpus_per_member: float = 1.0, gpus_per_member: float = 0.0, timeout_s: float = 3600.0,
-                 max_failures: int = 2, custom_resources: dict[str, float] | None = None) -> None:
+                 max_failures: int = 2, custom_resources: dict[str, float] | None = None,
+                 placement: str = "spread", warm: bool = True) -> None:
+        """`placement`: "spread" (members' actors over as many nodes as possible) or "default"
+        (Ray's default: the driver's node first). `warm`: warm each actor up before its first member."""
         import ray
 
+        if placement not in PLACEMENTS:
+            raise ValueError(f"resources.placement: expected one of {sorted(PLACEMENTS)}, found {placement!r}")
         self.context = context
         self.cls = agent_class
         self.timeout_s = timeout_s
         self.max_failures = max_failures
         self.num_workers = num_workers
+        self.gpus_per_member = gpus_per_member
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
-                                 resources=dict(custom_resources or {}) or None)(_MemberWorker)
-        self._worker_args = (agent_class,
-                             AgentContext(task=context.task, replay=context.replay,
-                                          device="cuda" if gpus_per_member > 0 else context.device, seed=context.seed),
-                             int(max(1, cpus_per_member)))
-        self.workers = [self._actor.remote(*self._worker_args) for _ in range(num_workers)]
+                                 resources=dict(custom_resources or {}) or None,
+                                 scheduling_strategy=PLACEMENTS[placement])(_MemberWorker)
+        self._worker_args = (agent_class, AgentContext(task=context.task, replay=context.replay, device=context.device,
+                                                       seed=context.seed), int(max(1, cpus_per_member)), warm)
+        self._ready: dict[Any, Any] = {}  # actor -> its ready() reference, until it has answered
+        self.placements: dict[Any, dict[str, Any]] = {}  # actor -> its ready() answer
+        self.last_timing: dict[str, Any] = {}  # the last generation's driver-side and worker-side seconds
+        self.workers = [self._start() for _ in range(num_workers)]
+
+    def _start(self) -> Any:
+        worker = self._actor.remote(*self._worker_args)
+        self._ready[worker] = worker.ready.remote()
+        return worker
+
+    def _warmed(self, worker: Any, info: dict[str, Any]) -> None:
+        self.placements[worker] = info
+        if self.gpus_per_member > 0 and info["gpu_ids"] and info["device"] == "cpu":
+            warnings.warn(f"Ray gave a member actor GPU {','.join(info['gpu_ids'])} on node {info['node_id'][:12]}, "
+                          "but torch sees no CUDA device there: its members train on the CPU", stacklevel=3)
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Each live actor's ready() answer (node id, pid, GPU ids, CUDA_VISIBLE_DEVICES, device,
+        warm-up seconds), waiting for actors still starting."""
+        self._await_ready(self.timeout_s)
+        return [self.placements[w] for w in self.workers]
+
+    def _await_ready(self, timeout: float) -> None:
+        """Wait (up to `timeout` s) until every actor has warmed up; raise if one cannot start."""
+        import ray
+
+        waiting = {ref: w for w, ref in self._ready.items()}
+        if not waiting:
+            return
+        done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout)
+        for ref in done:
+            worker = waiting[ref]
+            del self._ready[worker]
+            self._warmed(worker, ray.get(ref))
+        if len(done) < len(waiting):
+            raise RuntimeError(f"{len(waiting) - len(done)} member actor(s) not started within {timeout:g} s "
+                               "(resources.timeout_s): the cluster has no room for them")
 
     @staticmethod
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
@@ -84,15 +197,8 @@ class RayScheduler:
 
     def _replace(self, worker: Any) -> Any:
         """Kill `worker` (if it still lives) and start a new actor in its place."""
-        import ray
-
-        try:
-            ray.kill(worker, no_restart=True)
-        except Exception:  # already gone
-            pass
-        if worker in self.workers:
-            self.workers.remove(worker)
-        fresh = self._actor.remote(*self._worker_args)
+        self._drop(worker)
+        fresh = self._start()
         self.workers.append(fresh)
         return fresh
 
@@ -101,17 +207,28 @@ class RayScheduler:
         import ray
         from ray.exceptions import RayError, RayTaskError
 
+        began = time.perf_counter()
         observer = observer or RunObserver()
         shared = self.context.replay
         basis = shared.view_basis() if shared is not None else None
         n = len(agents)
-        states = [ray.put(a.get_state()) for a in agents]  # each member's start state, kept for retries
+        clock = time.perf_counter()
+        states = [ray.put(a.get_state()) for a in agents]  # each member's start state, once; kept for retries
+        timing = {"put_s": time.perf_counter() - clock, "get_s": 0.0, "rebuild_s": 0.0, "member_s": 0.0,
+                  "worker_load_s": 0.0, "worker_save_s": 0.0, "nodes": {}}
         queue = deque(range(n))
         attempts, retries = [0] * n, [[] for _ in range(n)]
         results: list[MemberResult | None] = [None] * n
         staged = []
         pending: dict[Any, tuple[int, Any, float]] = {}
-        idle = list(self.workers)
+        # actors still starting (the first generation's, replacements): dispatched to once ready() answers
+        warming = {self._ready[w]: (w, time.monotonic() + self.timeout_s) for w in self.workers if w in self._ready}
+        idle = [w for w in self.workers if w not in self._ready]
+        failed_starts = 0
+
+        def replace(worker: Any) -> None:
+            fresh = self._replace(worker)
+            warming[self._ready[fresh]] = (fresh, time.monotonic() + self.timeout_s)
 
         def lost(pos: int, message: str) -> None:
             index = agents[pos].index
@@ -132,21 +249,50 @@ class RayScheduler:
                 ref = worker.run.remote(states[pos], steps, basis, view_seed(self.context.seed, agents[pos].index, generation))
                 pending[ref] = (pos, worker, time.monotonic() + self.timeout_s)
                 observer.member_event(agents[pos].index, "training", {})
+            if not pending and not warming:  # members left and no actor to run them: the cluster lost its room
+                while queue:
+                    pos = queue.popleft()
+                    f = Failure(agents[pos].index, "lost", f"no member actor could be started within {self.timeout_s:g} s "
+                                "(resources.timeout_s) after workers were lost", max(1, attempts[pos]), generation)
+                    results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
+                    observer.member_event(f.index, "failed", {"error": f"lost: {f.message}", "kind": "lost"})
+                break
             now = time.monotonic()
-            wait = min(1.0, max(0.0, min(d for _, _, d in pending.values()) - now))
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+            deadlines = [d for _, _, d in pending.values()] + [d for _, d in warming.values()]
+            wait = min(1.0, max(0.0, min(deadlines) - now))
+            ready, _ = ray.wait(list(pending) + list(warming), num_returns=1, timeout=wait)
             if not ready:
+                for ref, (worker, deadline) in list(warming.items()):
+                    if time.monotonic() >= deadline:  # no room for it: give up on this actor
+                        del warming[ref]
+                        self._drop(worker)
                 for ref, (pos, worker, deadline) in list(pending.items()):
                     if time.monotonic() >= deadline:
                         del pending[ref]
-                        idle.append(self._replace(worker))
+                        replace(worker)
                         f = Failure(agents[pos].index, "timeout", f"no result within {self.timeout_s:g} s "
                                     "(resources.timeout_s); its worker was replaced", attempts[pos], generation)
                         results[pos] = failed_result(agents[pos], f, self.timeout_s, retries[pos])
                         observer.member_event(f.index, "failed", {"error": f"timeout: {f.message}", "kind": "timeout"})
                 continue
             ref = ready[0]
+            if ref in warming:
+                worker, _ = warming.pop(ref)
+                try:
+                    info = ray.get(ref)
+                except RayError:  # died while starting (its node lost too?): another, a bounded number of times
+                    failed_starts += 1
+                    if failed_starts <= self.num_workers * (self.max_failures + 1):
+                        replace(worker)
+                    else:
+                        self._drop(worker)
+                    continue
+                del self._ready[worker]
+                self._warmed(worker, info)
+                idle.append(worker)
+                continue
             pos, worker, _ = pending.pop(ref)
+            clock = time.perf_counter()
             try:
                 out = ray.get(ref)
             except RayTaskError as exc:  # the wrapper itself raised (e.g. a state from_state refuses)
@@ -156,9 +302,10 @@ class RayScheduler:
                 observer.member_event(f.index, "failed", {"error": f"error: {f.message}", "kind": "error"})
                 continue
             except RayError as exc:  # the actor's process or node is gone: replace it, retry the member
-                idle.append(self._replace(worker))
+                replace(worker)
                 lost(pos, f"{type(exc).__name__}: {_first_line(exc)}")
                 continue
+            timing["get_s"] += time.perf_counter() - clock
             idle.append(worker)
             index = agents[pos].index
             if out["failure"] is not None:
@@ -170,7 +317,13 @@ class RayScheduler:
                 results[pos] = failed_result(agents[pos], f, out["wall_s"], retries[pos])
                 observer.member_event(index, "failed", {"error": f"{kind}: {message}", "kind": kind})
                 continue
+            clock = time.perf_counter()
             agent = self.cls.from_state(out["state"], self.context)
+            timing["rebuild_s"] += time.perf_counter() - clock
+            timing["member_s"] += out["wall_s"]
+            timing["worker_load_s"] += out["load_s"]
+            timing["worker_save_s"] += out["save_s"]
+            timing["nodes"][index] = out["node_id"]
             agent.index = index
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
             if out["staged"] is not None:
@@ -178,7 +331,23 @@ class RayScheduler:
             observer.member_event(index, "done", {"fitness": out["evaluation"].fitness, "wall_s": out["wall_s"]})
         if shared is not None:
             commit_views(shared, staged)
+        timing["state_transfer_s"] = timing["put_s"] + timing["get_s"] + timing["rebuild_s"]
+        timing["wall_s"] = time.perf_counter() - began
+        self.last_timing = timing
         return [r for r in results if r is not None]
+
+    def _drop(self, worker: Any) -> None:
+        """Kill `worker` and forget it, starting none in its place."""
+        import ray
+
+        try:
+            ray.kill(worker, no_restart=True)
+        except Exception:  # already gone
+            pass
+        if worker in self.workers:
+            self.workers.remove(worker)
+        self._ready.pop(worker, None)
+        self.placements.pop(worker, None)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live member actors (tests kill them)."""
