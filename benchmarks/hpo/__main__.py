@@ -1,0 +1,122 @@
+"""The HPO benchmark: evo against random search, Ray Tune PBT / PB2 and AgileRL, side by side.
+
+    python -m benchmarks.hpo [--quick] [--seeds K] [--task cartpole|randomwalks] --json OUT.json [--plot OUT.png]
+
+Every strategy gets the same budget (`common.Task.budget`: training steps of all members together)
+and searches the same space; each (seed, strategy) runs in a process of its own, interleaved seed
+by seed (evo, random, PBT, PB2, AgileRL for seed 0, then seed 1, …) so that load drifts on a
+shared machine hit every strategy alike, and each run's load average is recorded. The JSON is
+rewritten after every run, so a run cut short keeps what finished. docs/benchmarks.md has the
+method and the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.hpo.common import ROOT, machine, task
+from benchmarks.hpo.strategy import STRATEGIES
+
+REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")
+
+
+def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
+    """One strategy × seed in a subprocess; a failure is recorded (with its log's tail), not raised."""
+    out = log_dir / f"{name}_{seed}.json"
+    log = log_dir / f"{name}_{seed}.log"
+    cmd = [sys.executable, "-m", "benchmarks.hpo.strategy", "--strategy", name, "--seed", str(seed),
+           "--task", task_name, "--out", str(out), *(["--quick"] if quick else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    if rc == 0 and out.exists():
+        return json.loads(out.read_text())
+    tail = log.read_text()[-2000:] if log.exists() else ""
+    return {"strategy": name, "seed": seed, "error": f"exit {rc} after {time.perf_counter() - t0:.0f} s", "log_tail": tail,
+            "steps_to_target": None, "seconds_to_target": None, "final_best": None, "curve": []}
+
+
+def ratios(report: dict[str, Any]) -> dict[str, Any]:
+    """evo's medians against each peer's: steps and seconds to target, final best."""
+    def med(runs: list[dict[str, Any]], key: str) -> float | None:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    s = report["strategies"]
+    if "evo" not in s:
+        return {}
+    out = {}
+    for peer, runs in s.items():
+        if peer == "evo":
+            continue
+        row = {}
+        for key in ("steps_to_target", "seconds_to_target"):
+            e, p = med(s["evo"], key), med(runs, key)
+            row[key] = {"evo": e, peer: p, "evo/peer": round(e / p, 3) if e and p else None,
+                        "reached": {"evo": sum(r.get(key) is not None for r in s["evo"]),
+                                    peer: sum(r.get(key) is not None for r in runs), "of": len(runs)}}
+        row["final_best"] = {"evo": med(s["evo"], "final_best"), peer: med(runs, "final_best")}
+        out[peer] = row
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, reduced budgets: a few minutes")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 3, --quick 1)")
+    parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
+    parser.add_argument("--strategies", default=None,
+                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default all that apply to the task)")
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--plot", default=None)
+    parser.add_argument("--logs", default=None, help="keep each run's log and JSON here (default: a temporary dir)")
+    args = parser.parse_args()
+    t = task(args.task, args.quick)
+    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
+    names = args.strategies.split(",") if args.strategies else [s for s in STRATEGIES
+                                                                  if args.task == "cartpole" or s != "agilerl"]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown:
+        parser.error(f"--strategies: unknown {unknown}; expected some of {list(STRATEGIES)}")
+    report: dict[str, Any] = {
+        "benchmark": "hpo", "quick": args.quick, "task": t.to_json(), "seeds": seeds, "machine": machine(),
+        "budget_counts": f"{t.unit} of every member's training (train() steps), summed over the population; "
+                         "fitness evaluations are not counted (their time is in the wall clock)",
+        "skipped": {} if args.task == "cartpole" else {"agilerl": "AgileRL's DQN is online; randomwalks is offline"},
+        "strategies": {n: [] for n in names},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    log_dir = Path(args.logs or tempfile.mkdtemp(prefix="hpo-bench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        for name in names:  # interleaved: every strategy of seed 0, then seed 1, ...
+            print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.1f})", flush=True)
+            result = run_one(name, seed, args.task, args.quick, log_dir)
+            report["strategies"][name].append(result)
+            print(f"    steps_to_target {result['steps_to_target']} seconds_to_target {result['seconds_to_target']} "
+                  f"final_best {result['final_best']}" + (f" ERROR {result['error']}" if "error" in result else ""),
+                  flush=True)
+            report["ratios"] = ratios(report)
+            report["machine"]["loadavg_now"] = list(os.getloadavg())
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+            if args.plot:
+                from benchmarks.hpo.plot import plot
+
+                plot(report, args.plot)
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps(report["ratios"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""One strategy on one seed, in a process of its own (its own Ray, nothing left behind):
+
+    python -m benchmarks.hpo.strategy --strategy evo|random|pbt|pb2|agilerl --seed 0 --task cartpole [--quick] --out R.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from benchmarks.hpo.common import summarise, task
+
+STRATEGIES = ("evo", "random", "pbt", "pb2", "agilerl")
+
+
+def run(name: str, seed: int, task_name: str, quick: bool) -> dict:
+    t = task(task_name, quick)
+    load_before, t0 = os.getloadavg(), time.perf_counter()
+    if name == "evo":
+        from benchmarks.hpo import evo_strategy
+
+        out = evo_strategy.run(t, seed)
+    elif name in ("random", "pbt", "pb2"):
+        from benchmarks.hpo import tune_strategies
+
+        out = tune_strategies.run(t, seed, name)
+    elif name == "agilerl":
+        from benchmarks.hpo import agilerl
+
+        out = agilerl.run(t, seed)
+    else:
+        raise ValueError(f"--strategy: expected one of {STRATEGIES}, found {name!r}")
+    return {"strategy": name, "seed": seed, **summarise(out["curve"], t.target), **out,
+            "process_wall_s": round(time.perf_counter() - t0, 1), "loadavg_before": list(load_before),
+            "loadavg_after": list(os.getloadavg())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default="cartpole")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    result = run(args.strategy, args.seed, args.task, args.quick)
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

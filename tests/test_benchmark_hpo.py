@@ -1,0 +1,71 @@
+"""The HPO benchmark (benchmarks/hpo, docs/benchmarks.md): the shared pieces by default, the whole
+`--quick` run (every strategy, AgileRL's venv made on first use) as a slow test that checks the
+JSON's schema, not the outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.hpo.common import founders, load, summarise, task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_random_search_and_pbt_start_from_evos_founders():
+    from evo.agent import AgentContext
+    from evo.population import initial_population
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=3)
+    members = initial_population(exp, AgentContext(task=exp.task, seed=3))
+    for member, start in zip(members, founders(exp), strict=True):
+        assert {k: member.agent.hparams[k] for k in start} == start
+    assert founders(exp)[0]["lr"] == exp.hparam_space["lr"].value  # member 0 keeps the file's values
+    assert len({f["lr"] for f in founders(exp)}) == t.population   # the others are drawn from the ranges
+
+
+def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
+    curve = [[100, 1.0, 10.0], [200, 2.0, 480.0], [300, 3.0, 300.0]]
+    assert summarise(curve, 475) == {"steps_to_target": 200, "seconds_to_target": 2.0, "final_best": 300.0,
+                                     "peak_best": 480.0}
+    assert summarise(curve[:1], 475)["steps_to_target"] is None
+
+
+def test_unknown_task_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="cartpole"):
+        task("pong", quick=True)
+
+
+@pytest.mark.slow
+def test_quick_run_writes_the_report_schema(tmp_path):
+    pytest.importorskip("ray.tune")
+    pytest.importorskip("GPy")
+    out = tmp_path / "hpo.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.hpo", "--quick", "--json", str(out),
+                           "--plot", str(tmp_path / "hpo.png")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["seeds"] == [0] and report["quick"] is True
+    assert set(report["machine"]) >= {"cpu_count", "loadavg_at_start", "versions"}
+    assert report["task"]["target"] == 475.0 and report["task"]["budget"] > 0
+    assert set(report["strategies"]) == {"evo", "random", "pbt", "pb2", "agilerl"}
+    for name, runs in report["strategies"].items():
+        assert len(runs) == 1, name
+        run = runs[0]
+        assert "error" not in run, (name, run.get("error"), run.get("log_tail"))
+        assert set(run) >= {"steps_to_target", "seconds_to_target", "final_best", "curve", "used", "loadavg_before"}
+        assert run["curve"] and all(len(p) == 3 for p in run["curve"])
+        steps = [p[0] for p in run["curve"]]
+        assert steps == sorted(steps) and steps[-1] == report["task"]["budget"], name  # the same budget for all
+        assert run["final_best"] == run["curve"][-1][2]
+    assert report["strategies"]["evo"][0]["used"]["shared_replay"] is True
+    assert "evo" not in report["ratios"] and set(report["ratios"]) == {"random", "pbt", "pb2", "agilerl"}
+    assert (tmp_path / "hpo.png").stat().st_size > 0
