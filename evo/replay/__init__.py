@@ -9,6 +9,7 @@ from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.ratelimit import RateLimiter
 from evo.replay.schema import Field, Schema
 from evo.replay.service import ReplayService
+from evo.replay.sharded import ShardedReplay
 from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "RateLimiter",
     "RateLimited",
     "ReplayService",
+    "ShardedReplay",
     "ReplayError",
     "hash_rows",
     "Replay",

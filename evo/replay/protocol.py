@@ -20,7 +20,7 @@ __all__ = ["Replay", "SharedReplay", "ReplaySpec", "build_replay"]
 
 @runtime_checkable
 class Replay(Protocol):
-    """The shared store as members use it. `ReplayStore` and `ReplayService` both implement it,
+    """The shared store as members use it. `ReplayStore`, `ReplayService` and `ShardedReplay` implement it,
     and `tests/replay/test_contract.py` holds every backend to it."""
 
     schema: Schema
@@ -56,7 +56,7 @@ class Replay(Protocol):
 class SharedReplay(Replay, Protocol):
     """The run's shared store as the engine uses it besides the members' calls: the basis of the
     members' views at a generation's start, and their staged writes replayed at its end
-    (evo.replay.view; `ReplayStore` and `ReplayService` implement it)."""
+    (evo.replay.view; `ReplayStore`, `ReplayService` and `ShardedReplay` implement it)."""
 
     def view_basis(self) -> ViewBasis:
         """Size, priority mass and sampler settings as of now."""
@@ -82,6 +82,10 @@ class ReplaySpec:
     episode_field: str | None = None
     min_size_to_sample: int | None = None
     samples_per_insert: float | None = None
+    #: replay actors the store is split over on the Ray backend (the experiment's `[replay]` table;
+    #: docs/replay.md, "Shards"); `spread` places them with Ray's SPREAD strategy
+    shards: int = 1
+    spread: bool = False
     initial_rows: Callable[[], Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]]] | None = field(
         default=None, repr=False)
 
@@ -98,12 +102,23 @@ class ReplaySpec:
 
 
 def build_replay(spec: ReplaySpec, seed: int, distributed: bool) -> Replay:
-    """The store for `spec`: in this process, or a Ray actor every worker reaches (`distributed`)."""
-    if distributed:
+    """The store for `spec`: in this process, or Ray actors every worker reaches (`distributed`):
+    one replay actor, or `spec.shards` of them behind a `ShardedReplay`."""
+    if distributed and spec.shards > 1:
+        from evo.replay.sharded import ShardedReplay
+
+        store: Replay = ShardedReplay.start(spec.schema, spec.shards, spread=spec.spread, **spec.store_kwargs(seed))
+    elif distributed:
         from evo.replay.service import ReplayService
 
-        store: Replay = ReplayService.start(spec.schema, **spec.store_kwargs(seed))
+        store = ReplayService.start(spec.schema, scheduling_strategy="SPREAD" if spec.spread else None,
+                                    **spec.store_kwargs(seed))
     else:
+        if spec.shards > 1:
+            import warnings
+
+            warnings.warn(f"replay.shards = {spec.shards}: the inline backend keeps one in-process store "
+                          "(shards are replay actors on the Ray backend)", stacklevel=2)
         from evo.replay.store import ReplayStore
 
         store = ReplayStore(spec.schema, **spec.store_kwargs(seed))

@@ -10,6 +10,12 @@ Fault tolerance: with ``snapshot_dir`` the actor snapshots every ``snapshot_ever
 (and on ``snapshot()``); if the actor process dies, Ray restarts it (``max_restarts``) and its
 constructor restores the newest complete snapshot, and calls in flight are retried
 (``max_task_retries``) — inserts are idempotent apart from reference counts, thanks to dedup.
+That ``snapshot_dir`` is a path on the actor's node. A snapshot the *caller* asks for
+(``snapshot(dir)``, ``load_snapshot(dir)``; the run store's per-generation snapshots) travels
+through Ray instead: the actor returns its arrays and the caller writes the files, or the caller
+reads them and sends them, so the driver's run directory need not exist where the actor runs.
+
+`evo.replay.sharded.ShardedReplayService` runs several of these actors as one store.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import numpy as np
 
 from evo.replay.errors import RateLimited, ReplayError
 from evo.replay.schema import Schema
-from evo.replay.snapshot import latest_complete
+from evo.replay.snapshot import latest_complete, read_snapshot, write_snapshot
 from evo.replay.staging import StagedWrites, ViewBasis
 from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch
 
@@ -104,18 +110,69 @@ class _ReplayActor:
         with self._cond:
             return self._snapshot_locked(dir or self._snapshot_dir, keep)
 
-    def load_snapshot(self, dir: str) -> str:
-        """Replace the store in place with the newest complete snapshot under ``dir`` (a path in
-        this actor's process). With a ``snapshot_dir`` of its own the actor snapshots right away,
-        so that a restart comes back to the loaded state, not the one before it."""
+    def export_state(self) -> tuple[dict, dict]:
+        """The store's exact snapshot as (meta, arrays), copied under the lock: the driver writes the
+        files (its run directory need not exist on this actor's node)."""
         with self._cond:
-            path = self._store.load_snapshot(dir)
+            return self._store.snapshot_state(copy=True)
+
+    def import_state(self, meta: dict, arrays: dict, path: str | None = None) -> None:
+        """Replace the store in place with a snapshot the driver read (see ``load_snapshot``)."""
+        with self._cond:
+            self._store.load_state(meta, arrays)
             self.restored_from = path
             self._rows_at_snapshot = self._store.counters["rows_inserted"]
-            if self._snapshot_dir is not None and os.path.realpath(self._snapshot_dir) != os.path.realpath(dir):
+            if self._snapshot_dir is not None:
                 self._snapshot_locked(self._snapshot_dir)
-            self._cond.notify_all()  # the limiter state changed: waiting calls re-check
-            return path
+            self._cond.notify_all()
+
+    # ---- calls of a sharded service's client (evo/replay/sharded.py) -----------------------------
+    def mass(self) -> tuple[int, float, float]:
+        """(rows, sampling mass, smallest positive priority**alpha) as of now."""
+        with self._cond:
+            b = self._store.view_basis()
+            return b.size, b.mass, b.min_leaf
+
+    def sample_part(self, batch_size: int, length: int | None, timeout: float | None,
+                    seed: int | None) -> tuple[SampleBatch | SequenceBatch, float]:
+        """A shard's share of a batch plus this shard's smallest priority**alpha at that moment (the
+        client renormalises importance weights by the smallest over all shards)."""
+        if length is None:
+            draw = lambda: self._store.sample(batch_size, seed)
+        else:
+            draw = lambda: self._store.sample_sequences(batch_size, length, seed)
+        if seed is not None:
+            with self._cond:
+                return draw(), self._store.view_basis().min_leaf
+        return self._blocking(lambda: (draw(), self._store.view_basis().min_leaf), timeout)
+
+    def get_present(self, keys: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Which of ``keys`` this shard holds, and their rows (in order)."""
+        with self._cond:
+            found = self._store.contains(keys)
+            return found, self._store.get(keys[found])
+
+    def update_found(self, keys: np.ndarray, priorities: np.ndarray) -> tuple[int, float]:
+        """Update the keys this shard holds; (how many, the largest priority among them or -1)."""
+        with self._cond:
+            found = self._store.contains(keys)
+            n = self._store.update_priorities(keys[found], priorities[found])
+            return n, float(priorities[found].max()) if n else -1.0
+
+    def raise_max_priority(self, priority: float) -> None:
+        """New rows get the largest priority seen by *any* shard, as in one store."""
+        with self._cond:
+            sampler = self._store._sampler
+            sampler.max_priority = max(sampler.max_priority, float(priority))
+
+    def apply_shard_ops(self, ops: list) -> dict:
+        """This shard's part of a member's staged writes, in the member's order (see sharded.py)."""
+        from evo.replay.sharded import apply_shard_ops
+
+        with self._cond:
+            out = apply_shard_ops(self._store, ops)
+            self._cond.notify_all()
+            return out
 
     def _snapshot_locked(self, dir: str | None, keep: int = 2) -> str:
         if dir is None:
@@ -156,34 +213,17 @@ class ReplayService:
         rate_limit_timeout_s: float = 30.0,
         max_concurrency: int = 8,
         namespace: str | None = None,
+        scheduling_strategy: str | None = None,
         **store_kwargs: Any,
     ) -> ReplayService:
         """Start the actor (``num_cpus=0``) in the current Ray cluster and return a client.
 
         ``rate_limit_timeout_s``: how long a rate-limited insert/sample waits before raising
-        RateLimited. ``store_kwargs`` go to :class:`ReplayStore` (capacity, storage, sampler, ...).
+        RateLimited. ``scheduling_strategy``: Ray's, e.g. "SPREAD". ``store_kwargs`` go to
+        :class:`ReplayStore` (capacity, storage, sampler, ...).
         """
-        import ray
-
-        if not ray.is_initialized():
-            raise ReplayError("ReplayService.start needs a running Ray cluster: call ray.init() first")
-        if snapshot_every is not None and snapshot_dir is None:
-            raise ReplayError("snapshot_every needs snapshot_dir")
-        opts = {"num_cpus": 0, "max_restarts": max_restarts, "max_task_retries": max_restarts if max_restarts else 0,
-                    "max_concurrency": max_concurrency}
-        if name is not None:
-            opts["name"] = name
-            if namespace is not None:
-                opts["namespace"] = namespace
-        actor_cls = ray.remote(_ReplayActor).options(**opts)
-        actor = actor_cls.remote(
-            schema.to_json(),
-            os.fspath(snapshot_dir) if snapshot_dir is not None else None,
-            snapshot_every,
-            rate_limit_timeout_s,
-            store_kwargs,
-        )
-        return cls(actor)
+        return cls(_launch(schema, name, snapshot_dir, snapshot_every, max_restarts, rate_limit_timeout_s,
+                           max_concurrency, namespace, scheduling_strategy, store_kwargs))
 
     @classmethod
     def connect(cls, name: str, namespace: str | None = None) -> ReplayService:
@@ -242,13 +282,20 @@ class ReplayService:
         return self._get(self._actor.call.remote("__len__"))
 
     def snapshot(self, dir: str | os.PathLike | None = None, keep: int = 2) -> str:
-        """Snapshot in the actor's process (``dir`` must be reachable there); default: snapshot_dir."""
-        return self._get(self._actor.snapshot.remote(os.fspath(dir) if dir is not None else None, keep))
+        """Snapshot the store under ``dir`` *in this process*: the actor returns its arrays through
+        Ray's object store and this caller writes the files, so ``dir`` need exist only here (the
+        driver's run directory). Without ``dir``, the actor snapshots into its own ``snapshot_dir``
+        (a path on its node: what it restores from if its process dies)."""
+        if dir is None:
+            return self._get(self._actor.snapshot.remote(None, keep))
+        meta, arrays = self._get(self._actor.export_state.remote())
+        return write_snapshot(dir, meta, arrays, keep=keep)
 
     def load_snapshot(self, dir: str | os.PathLike) -> str:
-        """Replace the service's store in place with the newest complete snapshot under ``dir``
-        (which must be reachable from the actor's process); returns that snapshot's path."""
-        path = self._get(self._actor.load_snapshot.remote(os.fspath(dir)))
+        """Replace the service's store in place with the newest complete snapshot under ``dir``, read
+        in this process and sent to the actor through Ray; returns that snapshot's path."""
+        path, meta, arrays = read_snapshot(dir)
+        self._get(self._actor.import_state.remote(meta, arrays, path))
         info = self.info()
         self.capacity, self.schema = info["capacity"], Schema.from_json(info["schema"])
         return path
@@ -265,6 +312,29 @@ class ReplayService:
         import ray
 
         ray.kill(self._actor, no_restart=True)
+
+
+def _launch(schema: Schema, name: str | None, snapshot_dir: str | os.PathLike | None, snapshot_every: int | None,
+            max_restarts: int, rate_limit_timeout_s: float, max_concurrency: int, namespace: str | None,
+            scheduling_strategy: str | None, store_kwargs: dict) -> Any:
+    """Create a replay actor without waiting for it (ReplayService(actor) waits)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise ReplayError("ReplayService.start needs a running Ray cluster: call ray.init() first")
+    if snapshot_every is not None and snapshot_dir is None:
+        raise ReplayError("snapshot_every needs snapshot_dir")
+    opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": max_restarts,
+                            "max_task_retries": max_restarts if max_restarts else 0, "max_concurrency": max_concurrency}
+    if scheduling_strategy is not None:
+        opts["scheduling_strategy"] = scheduling_strategy
+    if name is not None:
+        opts["name"] = name
+        if namespace is not None:
+            opts["namespace"] = namespace
+    return ray.remote(_ReplayActor).options(**opts).remote(
+        schema.to_json(), os.fspath(snapshot_dir) if snapshot_dir is not None else None, snapshot_every,
+        rate_limit_timeout_s, store_kwargs)
 
 
 def _rebuild_client(actor: Any, capacity: int, schema_json: dict, timeout_s: float | None) -> ReplayService:

@@ -548,6 +548,13 @@ class ReplayStore:
     # ------------------------------------------------------------------ persistence
     def snapshot(self, dir: str | os.PathLike, keep: int = 2) -> str:
         """Write an exact snapshot under ``dir`` (atomically; see ``snapshot.py``); return its path."""
+        meta, arrays = self.snapshot_state()
+        self._storage.flush()
+        return snap.write_snapshot(dir, meta, arrays, keep=keep)
+
+    def snapshot_state(self, copy: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+        """(meta, arrays) of an exact snapshot, without writing it: what a replay actor returns to the
+        driver, whose run store writes the files (``copy=True`` detaches the arrays from the store)."""
         w = self._written
         arrays = {f"col.{k}": v[:w] for k, v in self._storage.columns.items()}
         arrays["slot_key"] = self._index.slot_key[:w]
@@ -577,8 +584,10 @@ class ReplayStore:
             "written": self._written,
             "custom_hash": self._hash_fn is not None,
         }
-        self._storage.flush()
-        return snap.write_snapshot(dir, meta, arrays, keep=keep)
+        if copy:
+            arrays = {k: np.array(v, copy=True) for k, v in arrays.items()}
+            meta = {**meta, "counters": dict(self.counters), "rng": dict(meta["rng"])}
+        return meta, arrays
 
     @classmethod
     def restore(
@@ -605,19 +614,32 @@ class ReplayStore:
         its own storage kind and column directory root (an mmap store gets fresh column files
         there). Its custom ``hash_fn`` is kept if the snapshot was taken with one (and required
         then); a snapshot keyed by the built-in hash keeps using the built-in hash."""
-        fresh, path = type(self)._from_snapshot(dir, self._storage_kind, self._storage.root, self._hash_fn,
-                                                custom_only=True)
+        path, meta, arrays = snap.read_snapshot(dir)
+        self.load_state(meta, arrays)
+        return path
+
+    def load_state(self, meta: dict, arrays: Mapping[str, np.ndarray]) -> None:
+        """:meth:`load_snapshot` from a snapshot's (meta, arrays) already in memory (as
+        :meth:`snapshot_state` returns them), e.g. sent to a replay actor by the driver."""
+        fresh = type(self)._from_state(meta, arrays, self._storage_kind, self._storage.root, self._hash_fn,
+                                       custom_only=True)
         old = self._storage
         self.__dict__.clear()
         self.__dict__.update(fresh.__dict__)
         old.close()
-        return path
 
     @classmethod
     def _from_snapshot(cls, dir, storage, path, hash_fn, custom_only=False) -> tuple[ReplayStore, str]:
         snap_path, meta, arrays = snap.read_snapshot(dir)
+        return cls._from_state(meta, arrays, storage, path, hash_fn, custom_only), snap_path
+
+    @classmethod
+    def _from_state(cls, meta, arrays, storage, path, hash_fn, custom_only=False) -> ReplayStore:
         if custom_only and not meta.get("custom_hash"):
             hash_fn = None
+        if "shards" in meta:
+            raise ReplayError(f"this is a snapshot of a sharded replay service ({len(meta['shards'])} shards): "
+                              "restore it with ShardedReplayService.restore or load it into one with as many shards")
         if meta.get("format") != FORMAT_VERSION:
             raise ReplayError(f"snapshot format {meta.get('format')} is not supported (expected {FORMAT_VERSION})")
         if meta["custom_hash"] and hash_fn is None:
@@ -658,7 +680,7 @@ class ReplayStore:
             store._succ[:w], store._pred[:w] = arrays["succ"], arrays["pred"]
             tv = arrays["tails.slot_key"]
             store._tails = {int(e): (int(v[0]), int(v[1])) for e, v in zip(arrays["tails.episode"], tv)}
-        return store, snap_path
+        return store
 
     def close(self) -> None:
         """Flush mmap columns to disk and release them; the store is unusable afterwards."""

@@ -23,7 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the Ray backend of the contract suite runs in the actor's process: one run of it is enough
     def dup(it: pytest.Item) -> bool:
         p = getattr(it, "callspec", None)
-        return len(PATHS) > 1 and p is not None and p.params.get("make") == "ray" and p.params.get("kernel_path") == "numpy"
+        return (len(PATHS) > 1 and p is not None and p.params.get("make") in ("ray", "sharded-ray")
+                and p.params.get("kernel_path") == "numpy")
 
     keep = [it for it in items if not dup(it)]
     if len(keep) != len(items):

@@ -1,5 +1,9 @@
-"""One contract suite, run against every backend (Optuna's StorageTestCase idea):
-in-process memory, in-process mmap, and the Ray service."""
+"""One contract suite, run against every backend (Optuna's StorageTestCase idea): in-process memory,
+in-process mmap, the Ray service (one shard), and a sharded store (3 shards) in process and on Ray.
+
+A few tests pin behaviour of one store's single FIFO ring and single rate limiter (exact eviction
+order, the exact sample/insert balance); a sharded store keeps those per shard (docs/replay.md,
+"Shards"), so those tests skip it and tests/replay/test_sharded.py checks the per-shard versions."""
 
 from __future__ import annotations
 
@@ -8,9 +12,18 @@ import pytest
 
 import evo.replay
 from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayService, ReplayStore
+from evo.replay.sharded import ShardedReplay
 from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, concat, rows, take, trajectory
 
-BACKENDS = ["memory", "mmap", "ray"]
+BACKENDS = ["memory", "mmap", "ray", "sharded",
+            pytest.param("sharded-ray", marks=pytest.mark.slow)]  # 3 actors per store: ~10 s a test here
+SHARDS = 3
+
+
+def one_ring_only(make, why: str) -> None:
+    """Skip a test of one store's single ring/limiter for the sharded backends (see the module docstring)."""
+    if make.backend.startswith("sharded"):
+        pytest.skip(f"per shard in a sharded store: {why}")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -23,16 +36,32 @@ def make(request, tmp_path):
             s = ReplayStore(schema, storage="memory", **kw)
         elif request.param == "mmap":
             s = ReplayStore(schema, storage="mmap", path=tmp_path / "cols", **kw)
+        elif request.param == "sharded":
+            s = ShardedReplay.in_process(schema, SHARDS, **kw)
+        elif request.param == "sharded-ray":
+            request.getfixturevalue("ray_cluster")
+            s = ShardedReplay.start(schema, SHARDS, rate_limit_timeout_s=kw.pop("rate_limit_timeout_s", 0.5), **kw)
         else:
             request.getfixturevalue("ray_cluster")
             s = ReplayService.start(schema, rate_limit_timeout_s=kw.pop("rate_limit_timeout_s", 0.5), **kw)
         made.append(s)
         return s
 
+    def restore(dir):
+        """A new store of this backend's kind restored from a snapshot `s.snapshot(dir)` wrote."""
+        if request.param == "sharded":
+            return ShardedReplay.restore(dir, in_process=True)
+        if request.param == "sharded-ray":
+            s = ShardedReplay.restore(dir)
+            made.append(s)
+            return s
+        return ReplayStore.restore(dir)
+
     factory.backend = request.param
+    factory.restore = restore
     yield factory
     for s in made:
-        if isinstance(s, ReplayService):
+        if isinstance(s, (ReplayService, ShardedReplay)):
             s.stop()
 
 
@@ -93,6 +122,7 @@ def test_bad_batch_writes_nothing(make, bad, match):
 
 
 def test_fifo_eviction_keys_leave_the_map(make):
+    one_ring_only(make, "which rows a full store evicts")
     s = make(capacity=10)
     k1 = s.insert(rows(6, seed=1))
     k2 = s.insert(rows(6, seed=2))
@@ -108,6 +138,7 @@ def test_fifo_eviction_keys_leave_the_map(make):
 
 
 def test_batch_larger_than_capacity_is_refused(make):
+    one_ring_only(make, "each shard refuses more distinct rows than its slice of the capacity")
     s = make(capacity=4)
     with pytest.raises(ReplayError, match="exceeds the store's capacity"):
         s.insert(rows(5))
@@ -204,6 +235,7 @@ def test_rate_limiter_min_size(make):
 
 
 def test_rate_limiter_samples_per_insert(make):
+    one_ring_only(make, "the sample/insert balance, each shard with 1/N of the error buffer")
     lim = RateLimiter(min_size_to_sample=4, samples_per_insert=2.0, error_buffer=8.0)
     s = make(capacity=100, rate_limiter=lim)
     s.insert(rows(4))  # diff = 8 = offset
@@ -232,7 +264,7 @@ def test_snapshot_restore_exact(make, tmp_path):
     keys = s.sample(16).keys
     s.update_priorities(keys, np.linspace(0.1, 5.0, 16))
     path = s.snapshot(tmp_path / "snaps")
-    r = ReplayStore.restore(tmp_path / "snaps")
+    r = make.restore(tmp_path / "snaps")
     assert len(r) == len(s) and r.stats() == s.stats()
     all_keys = r.sample(200).keys
     np.testing.assert_array_equal(s.sample(200).keys, all_keys)
@@ -258,7 +290,7 @@ def test_load_snapshot_replaces_state_in_place(make, tmp_path):
     keys = s.sample(16).keys
     s.update_priorities(keys, np.linspace(0.1, 5.0, 16))
     path = s.snapshot(tmp_path / "snaps")
-    ref = ReplayStore.restore(tmp_path / "snaps")  # what the store must look like after loading
+    ref = make.restore(tmp_path / "snaps")  # what the store must look like after loading
     # diverge: new rows (evicting old ones), samples (RNG and limiter state), priorities
     later = s.insert(trajectory(20, 0, 12))
     s.sample(40)
@@ -279,11 +311,11 @@ def test_load_snapshot_replaces_state_in_place(make, tmp_path):
     np.testing.assert_array_equal(s.insert(trajectory(9, 0, 3)), ref.insert(trajectory(9, 0, 3)))
     np.testing.assert_array_equal(s.sample(64).keys, ref.sample(64).keys)
     # a store of another capacity and schema takes on the snapshot's whole state
-    t = make(SCHEMA, capacity=10, seed=1)
-    t.insert(rows(10))
+    t = make(SCHEMA, capacity=20, seed=1)
+    t.insert(rows(6))  # at most 6 rows per shard of a 3-shard store
     assert t.load_snapshot(tmp_path / "snaps") == path
     assert t.capacity == 50 and set(t.schema.fields) == set(SEQ_SCHEMA.fields)
-    fresh = ReplayStore.restore(tmp_path / "snaps")
+    fresh = make.restore(tmp_path / "snaps")
     np.testing.assert_array_equal(t.sample(64).keys, fresh.sample(64).keys)
     # no complete snapshot: an error, and the store is left as it was
     n = len(t)
