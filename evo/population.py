@@ -87,6 +87,10 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     """A scheduler for `backend` and the run's shared context, with the replay store the agent
     class asks for built where that backend's members reach it."""
     spec = exp.agent_class.replay_spec(exp.task)
+    if spec is not None:  # the [replay] table: how many actors hold the store (Ray backend)
+        from dataclasses import replace
+
+        spec = replace(spec, shards=exp.replay.shards, spread=exp.replay.spread)
     if backend == "inline":
         from evo.scheduler.inline import InlineScheduler
 

@@ -128,6 +128,15 @@ class ResourcesSpec(_Strict):
         return v
 
 
+class ReplayTable(_Strict):
+    """How the run's shared replay store is deployed (what it holds is the agent kind's `replay_spec`)."""
+
+    shards: int = Field(default=1, ge=1, description="replay actors the store is split over on the Ray backend, "
+                                                     "rows routed by content key (docs/replay.md, Shards)")
+    spread: bool = Field(default=False, description="place the replay actors with Ray's SPREAD strategy "
+                                                    "(over the cluster's nodes)")
+
+
 class LoggingSpec(_Strict):
     """Where else a run reports, besides its run store (both optional; extras `tensorboard`, `mlflow`)."""
 
@@ -148,6 +157,7 @@ class ExperimentSpec(_Strict):
     selection: SelectionSpec = Field(default_factory=SelectionSpec)
     mutation: MutationSpec = Field(default_factory=MutationSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    replay: ReplayTable = Field(default_factory=ReplayTable)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
 
     @model_validator(mode="after")
@@ -179,6 +189,7 @@ class Experiment:
     selection = property(lambda self: self.spec.selection)
     mutation = property(lambda self: self.spec.mutation)
     resources = property(lambda self: self.spec.resources)
+    replay = property(lambda self: self.spec.replay)
     logging = property(lambda self: self.spec.logging)
 
     def to_json(self) -> dict[str, Any]:
