@@ -120,27 +120,25 @@ class StackedAdam:
     # ---- the update -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, grads: dict[str, torch.Tensor], active: torch.Tensor) -> None:
-        """One Adam step for every active slot; `grads` are stacked like the parameters."""
+        """One Adam step for every active slot; `grads` are stacked like the parameters.
+
+        In place, with the mask folded into [capacity] coefficients (an inactive slot gets lr 0, lerp
+        weight 0 and beta2 1, and its gradient is zeroed, so its weights, moments and counters stay
+        exactly as they were): a few ops per parameter, no masked copies of whole tensors."""
         hp = self.hp
+        on = active.to(torch.float64)
         lr, beta1, beta2, eps, wd = hp["lr"], hp["beta1"], hp["beta2"], hp["eps"], hp["weight_decay"]
         for name, p in self.params.items():
-            g = grads[name]
+            g = torch.where(_col(active, p).bool(), grads[name], 0.0)
             m, v, step = self.exp_avg[name], self.exp_avg_sq[name], self.steps[name]
-            new_step = step + 1
+            step.add_(on)
             if self.decoupled:
-                new_p = p * _col(1 - lr * wd, p)
+                p.mul_(_col(1 - lr * wd * on, p))
             else:
-                new_p = p
-                g = g + _col(wd, g) * p
-            new_m = torch.lerp(m, g, _col(1 - beta1, m))
-            new_v = v * _col(beta2, v) + _col(1 - beta2, v) * g * g
-            bias1 = 1 - beta1**new_step
-            bias2_sqrt = (1 - beta2**new_step) ** 0.5
-            step_size = lr / bias1
-            denom = new_v.sqrt() / _col(bias2_sqrt, new_v) + _col(eps, new_v)
-            new_p = new_p - _col(step_size, new_p) * new_m / denom
-            keep = _col(active, p).bool()
-            p.copy_(torch.where(keep, new_p, p))
-            m.copy_(torch.where(keep, new_m, m))
-            v.copy_(torch.where(keep, new_v, v))
-            step.copy_(torch.where(active, new_step, step))
+                g.addcmul_(_col(wd, g), p)  # g is our own tensor (torch.where made it)
+            m.lerp_(g, _col((1 - beta1) * on, m))
+            v.mul_(_col(torch.where(active, beta2, 1.0), v)).add_(g * g * _col((1 - beta2) * on, v))
+            counted = step.clamp_min(1.0)  # an inactive slot that never stepped: any finite correction
+            step_size = torch.where(active, lr / (1 - beta1**counted), 0.0)
+            denom = v.sqrt().div_(_col((1 - beta2**counted) ** 0.5, v)).add_(_col(eps, v))
+            p.sub_(m * _col(step_size, p) / denom)
