@@ -248,9 +248,11 @@ class FusedEfficientZero:
                 out.append(outcome[m])
                 continue
             finished = outcome[m] or []
+            agent.last_train_seconds = wall  # the group's wall time: its members trained as one program
             metrics = {k: float(np.mean(v)) for k, v in learned[m].items()}
             metrics.update({"env_steps": float(agent.env_steps), "updates": float(agent.updates),
-                            "train_episodes": float(len(finished)), "train_seconds": wall, "fused_group_size": float(M)})
+                            "train_episodes": float(len(finished)), "train_seconds": wall,
+                            "carry_restarts": float(agent.selfplay.carry_restarts), "fused_group_size": float(M)})
             if finished:
                 metrics["train_episode_return"] = float(np.mean(finished))
             out.append(metrics)
@@ -303,7 +305,10 @@ class FusedEfficientZero:
 
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, agents: Sequence[Any]) -> list[Evaluation]:
-        """Each member's `evaluate()`, with all members' searches fused."""
+        """Each member's `evaluate()`, with all members' searches fused; `eval_seconds` (and its share
+        `eval_seconds_share`) is the group's evaluation wall time, as `train_seconds` is its training's."""
+        torch.set_num_threads(1)
+        t0 = time.perf_counter()
         group = self._group(agents)
         M = len(agents)
         model = self._search_model(group, M)
@@ -324,9 +329,11 @@ class FusedEfficientZero:
                 except StopIteration as stop:
                     done[m] = stop.value
             live = still
+        seconds = time.perf_counter() - t0
         out = []
         for agent, metrics in zip(agents, done):
             metrics = dict(metrics or {})
-            metrics.update({"env_steps": float(agent.env_steps), "updates": float(agent.updates)})
+            metrics.update({"env_steps": float(agent.env_steps), "updates": float(agent.updates), "eval_seconds": seconds,
+                            "eval_seconds_share": seconds / max(seconds + agent.last_train_seconds, 1e-9)})
             out.append(Evaluation(fitness=metrics["eval_return"], metrics=metrics))
         return out

@@ -49,6 +49,9 @@ def test_fused_group_equals_each_member_alone_f64():
     for (m_alone, e_alone), m_fused, e_fused, a, f in zip(expected, metrics, evaluations, alone, fused):
         assert a.updates == f.updates > 0 and a.env_steps == f.env_steps
         assert e_alone.fitness == e_fused.fitness
+        # the same columns fused or not (dashboards, leaderboard): fused adds only its group size
+        assert set(m_fused) - set(m_alone) == {"fused_group_size"} and set(m_alone) <= set(m_fused)
+        assert set(e_fused.metrics) == set(e_alone.metrics) and e_fused.metrics["eval_seconds"] > 0
         for k in ("loss_total", "loss_value", "loss_consistency", "grad_norm"):
             assert abs(m_alone[k] - m_fused[k]) < 1e-9, k
         for (name, p), q in zip(a.model.named_parameters(), f.model.parameters()):
