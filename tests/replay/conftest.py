@@ -10,7 +10,7 @@ from evo.replay import _kernels
 PATHS = ["numba", "numpy"] if _kernels.AVAILABLE else ["numpy"]
 # These spawn processes (Ray actors, kill -9 subprocesses) that use their own process default, or
 # (test_kernels.py) switch paths themselves.
-_OWN_PROCESS = {"test_service.py", "test_snapshot.py", "test_kernels.py"}
+_OWN_PROCESS = {"test_service.py", "test_snapshot.py", "test_kernels.py", "test_sharded.py"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

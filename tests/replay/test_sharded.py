@@ -1,0 +1,210 @@
+"""What a sharded store adds to the contract suite (tests/replay/test_contract.py runs that against
+3 shards): routing stable across processes, the sampling distribution of one big store, per-shard
+capacity and limiter, member views committed as into one store, and a killed shard actor brought
+back from a snapshot the driver wrote."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayStore
+from evo.replay.sharded import ShardedReplay, route
+from evo.replay.view import MemberView, commit_views
+from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, rows, trajectory
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def chi2_pvalue(stat: float, dof: int) -> float:
+    """Upper tail of the chi-square distribution (Wilson-Hilferty; accurate to ~1e-3 for dof >= 30)."""
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def goodness_of_fit(counts: np.ndarray, probs: np.ndarray) -> float:
+    expected = probs * counts.sum()
+    return chi2_pvalue(float(((counts - expected) ** 2 / expected).sum()), counts.size - 1)
+
+
+# ---------------------------------------------------------------- routing
+_ROUTE_SCRIPT = """
+import json, sys
+from evo.replay.sharded import route
+from tests.replay.helpers import SCHEMA, rows
+shard, keys = route(SCHEMA, rows(500, seed=3), 4)
+print(json.dumps({"shard": shard.tolist(), "keys": [int(k) for k in keys]}))
+"""
+
+
+def test_routing_is_stable_across_processes_and_hash_seeds():
+    shard, keys = route(SCHEMA, rows(500, seed=3), 4)
+    assert np.bincount(shard, minlength=4).min() > 80  # all four shards get rows
+    np.testing.assert_array_equal(shard, (keys % np.uint64(4)).astype(np.int64))
+    for seed in ("4242",):  # another process, another hash seed
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": REPO}
+        out = subprocess.run([sys.executable, "-c", _ROUTE_SCRIPT], env=env, capture_output=True, text=True,
+                             check=True, timeout=120)
+        got = json.loads(out.stdout)
+        assert got["shard"] == shard.tolist()
+        assert got["keys"] == [int(k) for k in keys]
+
+
+def test_trajectories_route_whole_and_need_the_episode_as_key():
+    shard, _ = route(SEQ_SCHEMA, trajectory(7, 0, 50), 4, episode_field="episode")
+    assert (shard == shard[0]).all()
+    keyed_by_obs = type(SEQ_SCHEMA)(SEQ_SCHEMA.fields, key_fields=("obs",))
+    with pytest.raises(ReplayError, match="must then be one of the key fields"):
+        ShardedReplay.in_process(keyed_by_obs, 2, capacity=100, episode_field="episode")
+    with pytest.raises(ReplayError, match="shards must be an integer >= 1"):
+        ShardedReplay.in_process(SCHEMA, 0, capacity=100)
+
+
+# ---------------------------------------------------------------- sampling distribution
+def _filled(store, n_rows: int = 120):
+    keys = store.insert(rows(n_rows, seed=11))
+    return keys
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_sampling_distribution_equals_one_store(sampler):
+    """Counts over many batches fit each row's probability in one big store (chi-square, fixed seeds);
+    the same test on a store sampled without regard to priority fails, so it can fail."""
+    kw = {"capacity": 1000, "sampler": sampler, "alpha": 0.7, "beta": 0.5}
+    one, sharded = ReplayStore(SCHEMA, seed=1, **kw), ShardedReplay.in_process(SCHEMA, 3, seed=2, **kw)
+    keys = _filled(one)
+    np.testing.assert_array_equal(_filled(sharded), keys)
+    prio = np.random.default_rng(5).gamma(0.6, 2.0, keys.size) + 0.01
+    if sampler == "prioritized":
+        one.update_priorities(keys, prio)
+        sharded.update_priorities(keys, prio)
+        probs = prio**0.7 / (prio**0.7).sum()
+    else:
+        probs = np.full(keys.size, 1 / keys.size)
+    pos = {int(k): i for i, k in enumerate(keys)}
+    counts = {}
+    for name, store in (("one", one), ("sharded", sharded)):
+        c = np.zeros(keys.size)
+        for _ in range(120):
+            batch = store.sample(256)
+            np.add.at(c, [pos[int(k)] for k in batch.keys], 1)
+            if sampler == "prioritized":  # importance weights against the global smallest priority
+                p = prio[[pos[int(k)] for k in batch.keys]]
+                np.testing.assert_allclose(batch.weights, (prio.min() / p) ** (0.7 * 0.5), rtol=1e-5)  # leaves are p**alpha
+        counts[name] = c
+        assert goodness_of_fit(c, probs) > 1e-3, name
+    # the two stores agree with each other (homogeneity of the two count vectors)
+    table = np.stack([counts["one"], counts["sharded"]])
+    expected = table.sum(0, keepdims=True) * table.sum(1, keepdims=True) / table.sum()
+    assert chi2_pvalue(float(((table - expected) ** 2 / expected).sum()), keys.size - 1) > 1e-3
+    if sampler == "prioritized":  # power: these counts are far from what ignoring priorities would give
+        assert goodness_of_fit(counts["sharded"], np.full(keys.size, 1 / keys.size)) < 1e-6
+
+
+def test_seeded_reads_are_reproducible_and_shard_sizes_set_the_split():
+    s = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3)
+    _filled(s, 400)
+    a, b = s.sample(64, seed=99), s.sample(64, seed=99)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    assert not np.array_equal(a.keys, s.sample(64, seed=100).keys)
+
+
+# ---------------------------------------------------------------- per-shard capacity and limiter
+def test_capacity_is_split_and_each_shard_evicts_its_oldest():
+    s = ShardedReplay.in_process(SCHEMA, 3, capacity=30, seed=0)
+    assert s.capacity == 30 and [i["capacity"] for i in s.info()] == [10, 10, 10]
+    first = s.insert(rows(20, seed=1))
+    for k in range(2, 8):
+        s.insert(rows(10, seed=k))
+    assert len(s) == 30 and s.stats()["evicted"] == 80 - 30
+    assert not s.contains(first).any()  # every shard's oldest rows went first
+    with pytest.raises(ReplayError, match="exceeds the store's capacity of 10 rows on that shard"):
+        s.insert(rows(60, seed=9))
+    assert s.stats()["rows_inserted"] == 80  # refused before anything was sent
+
+
+def test_rate_limiter_minimum_is_on_the_total():
+    s = ShardedReplay.in_process(SCHEMA, 3, capacity=100, rate_limiter=RateLimiter(min_size_to_sample=10))
+    s.insert(rows(9))
+    with pytest.raises(RateLimited, match="holds 9 rows, the rate limiter needs min_size_to_sample=10"):
+        s.sample(4)
+    s.insert(rows(1, seed=1))
+    assert len(s.sample(4)) == 4
+
+
+# ---------------------------------------------------------------- member views
+def test_member_views_commit_as_into_one_store():
+    kw = {"capacity": 600, "sampler": "prioritized", "episode_field": "episode"}
+    one, sharded = ReplayStore(SEQ_SCHEMA, seed=0, **kw), ShardedReplay.in_process(SEQ_SCHEMA, 3, seed=0, **kw)
+    for store in (one, sharded):
+        store.insert(trajectory(0, 0, 30))
+    staged = []
+    for member in range(3):
+        view = MemberView(sharded, sharded.view_basis(), seed=member)
+        base = view.sample(16)
+        view.update_priorities(base.keys, np.linspace(0.5, 3.0 + member, 16))
+        view.insert(trajectory(member + 1, 0, 40))
+        own = view.sample_sequences(8, 4)
+        view.update_priorities(own.keys, np.full(8, 0.25))
+        staged.append((member, view.staged()))
+    basis = sharded.view_basis()
+    assert basis.size == 30 and basis.mass == pytest.approx(30.0)
+    commit_views(one, staged)
+    commit_views(sharded, staged)
+    st1, st2 = one.stats(), sharded.stats()
+    same = [k for k in st1 if k != "samples"]  # the views read the sharded store, not `one`
+    assert {k: st2[k] for k in same} == {k: st1[k] for k in same}  # 150 rows in 600 slots: nothing evicted
+    keys = one.sample(500).keys
+    assert sharded.contains(keys).all()
+    np.testing.assert_array_equal(one.refcounts(keys), sharded.refcounts(keys))
+    b1, b2 = one.view_basis(), sharded.view_basis()
+    assert b2.mass == pytest.approx(b1.mass) and b2.min_leaf == pytest.approx(b1.min_leaf)
+    assert b2.max_priority == b1.max_priority == 5.0
+    seq = sharded.sample_sequences(32, 5)  # windows within a trajectory, as one store links them
+    steps = seq.data["step"]
+    assert ((np.diff(steps, axis=1) == 1) | ~seq.mask[:, 1:]).all()
+
+
+# ---------------------------------------------------------------- a shard killed, restored from the driver's snapshot
+def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path):
+    ray = ray_cluster
+    s = ShardedReplay.start(SCHEMA, 2, capacity=400, sampler="prioritized", seed=6, max_restarts=1)
+    try:
+        keys = s.insert(rows(150, seed=1))
+        s.update_priorities(keys[:40], np.linspace(0.1, 4.0, 40))
+        path = s.snapshot(tmp_path / "snaps")  # written here, by the caller: the actors return arrays
+        assert os.path.isfile(os.path.join(path, "COMPLETE"))
+        stats, before = s.stats(), s.view_basis()
+        s.insert(rows(20, seed=2))  # after the snapshot
+        victim = s.actors[1]
+        pid = ray.get(victim.info.remote())["pid"]
+        ray.kill(victim, no_restart=False)
+        deadline = time.time() + 90
+        while True:  # the restarted actor is a fresh, empty shard
+            try:
+                if ray.get(victim.info.remote(), timeout=10)["pid"] != pid:
+                    break
+            except Exception:
+                pass
+            assert time.time() < deadline, "shard actor did not restart"
+            time.sleep(0.2)
+        assert len(s) < 170
+        assert s.load_snapshot(tmp_path / "snaps") == path
+        assert s.stats() == stats and s.contains(keys).all()
+        after = s.view_basis()
+        assert after.mass == pytest.approx(before.mass) and after.max_priority == before.max_priority
+        # the restored store samples exactly as the same snapshot restored in process
+        local = ShardedReplay.restore(tmp_path / "snaps", in_process=True)
+        a, b = s.sample(64), local.sample(64)
+        np.testing.assert_array_equal(a.keys, b.keys)
+        np.testing.assert_array_equal(a.weights, b.weights)
+        assert_batches_equal(s.get(keys), rows(150, seed=1))
+    finally:
+        s.stop()
