@@ -44,7 +44,8 @@ DB_NAME = "run.sqlite"
 #:   after_checkpoints       every checkpoint file of G is written, its SQLite transaction is not;
 #:   after_commit            G is committed, the checkpoints it made obsolete are not yet pruned;
 #:   during_replay_snapshot  one file of G's replay snapshot is written, its completion marker is not
-#:                           (in-process stores; a Ray replay service writes in its own actor).
+#:                           (every backend: a Ray replay service's actors send their arrays and this
+#:                           process writes the files).
 FAULT_ENV = "EVO_FAULT"
 
 _SCHEMA = """
@@ -130,7 +131,7 @@ class RunStore:
     def __init__(self, path: Path, read_only: bool = False) -> None:
         """`read_only`: open the database with SQLite's mode=ro, for readers (the dashboard) that
         must never write nor block a running `evo run`; WAL lets them read while it commits."""
-        # absolute: replay snapshots are written by a Ray actor whose working directory may differ
+        # absolute: the run directory is named to Ray-side code (checkpoints) by path
         self.path = Path(path).resolve()
         self.read_only = read_only
         if read_only:
@@ -291,13 +292,16 @@ class RunStore:
         """Snapshot the run's shared replay store as of the end of `generation` (before it commits).
 
         The snapshot for generation g is what a resume from g loads, so the data matches the
-        population it resumes.
+        population it resumes. The files are written here, in the driver's run directory, for
+        every backend: a Ray replay service (one actor or N shards) returns its arrays through
+        Ray's object store and never writes a path of its own (docs/replay.md, "Snapshots").
         """
         with _crash_mid_snapshot_if("during_replay_snapshot", generation):
             replay.snapshot(self.path / "replay" / f"g{generation:04d}", keep=1)
 
     def restore_replay(self, replay: Replay, generation: int) -> bool:
-        """Load the replay snapshot of `generation` into `replay` in place; False if there is none."""
+        """Load the replay snapshot of `generation` into `replay` in place (read here and sent to a
+        Ray service's actors); False if there is none."""
         directory = self.path / "replay" / f"g{generation:04d}"
         if not directory.is_dir():
             return False

@@ -46,10 +46,13 @@ class Replay(Protocol):
         """New priorities for stored rows; returns how many were found."""
 
     def snapshot(self, dir: str | os.PathLike, keep: int = 2) -> str:
-        """Write a complete, atomic snapshot under `dir`; returns its path."""
+        """Write a complete, atomic snapshot under `dir`; returns its path. The files are written
+        by the calling process (a Ray-backed store sends its arrays to it), so `dir` need exist
+        only there."""
 
     def load_snapshot(self, dir: str | os.PathLike) -> str:
-        """Replace the contents with the newest complete snapshot under `dir`, in place."""
+        """Replace the contents with the newest complete snapshot under `dir`, in place (read by
+        the calling process)."""
 
 
 @runtime_checkable
