@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from evo.runstore import EvaluatedMember, MemberRecord, RunStore
 from evo.scheduler.base import MemberResult, Scheduler
 from evo.selection import fitness_score, tournament_select
 from evo.spec import Experiment
+
+if TYPE_CHECKING:
+    from evo.fused.run import FusedTrainer
 
 __all__ = ["Member", "initial_population", "next_generation", "evolve", "start_backend"]
 
@@ -96,18 +100,8 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
         context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
-        fused = None
-        if exp.resources.fused:
-            from evo.fused.run import fused_trainer_for
-
-            fused = fused_trainer_for(exp.agent_class, exp.resources.fused_compile)
         return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
-                               fused=fused), context
-    if exp.resources.fused:
-        import warnings
-
-        warnings.warn("resources.fused: the Ray backend trains members one by one for now (fusing is inline only)",
-                      stacklevel=2)
+                               fused=_fused_trainer(exp)), context
     from evo.scheduler.ray import RayScheduler, init_ray
     from evo.scheduler.resources import check_cluster, local_machine, plan_workers
 
@@ -121,7 +115,17 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
     context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
-                        res.timeout_s, res.max_failures, res.custom_resources, res.placement), context
+                        res.timeout_s, res.max_failures, res.custom_resources, res.placement,
+                        fused=_fused_trainer(exp)), context
+
+
+def _fused_trainer(exp: Experiment) -> FusedTrainer | None:
+    """resources.fused: the agent class's fused trainer (either backend; docs/fused.md), else None."""
+    if not exp.resources.fused:
+        return None
+    from evo.fused.run import fused_trainer_for
+
+    return fused_trainer_for(exp.agent_class, exp.resources.fused_compile)
 
 
 def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: AgentContext,

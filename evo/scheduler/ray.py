@@ -36,6 +36,7 @@ import numpy as np
 
 from evo.agent import Agent, AgentContext
 from evo.faults import Failure
+from evo.fused.remote import FusedJobs
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.staging import ViewBasis
@@ -130,14 +131,28 @@ class _MemberWorker:
                 "wall_s": wall, "staged": view.staged() if view is not None else None,
                 "load_s": load_s, "save_s": time.perf_counter() - start, "node_id": self.info["node_id"]}
 
+    def run_fused(self, trainer: Any, states: list[Any], steps: int, basis: ViewBasis | None,
+                  seeds: list[np.random.SeedSequence]) -> tuple[dict[str, Any], ...]:
+        """Several members of one fused group (resources.fused), trained as one program; one result
+        per member, each as `run` returns it (the task has one return value per member)."""
+        import ray
+
+        from evo.fused.remote import train_members
+
+        self.fused = getattr(self, "fused", None) or trainer  # kept: its groups' tensors serve later jobs
+        outs = train_members(self.cls, self.context, self.fused, ray.get(list(states)), steps, basis, seeds, to_cpu)
+        return tuple({**out, "node_id": self.info["node_id"]} for out in outs)
+
 
 class RayScheduler:
     def __init__(self, agent_class: type[Agent], context: AgentContext, num_workers: int,
                  cpus_per_member: float = 1.0, gpus_per_member: float = 0.0, timeout_s: float = 3600.0,
                  max_failures: int = 2, custom_resources: dict[str, float] | None = None,
-                 placement: str = "spread", warm: bool = True) -> None:
+                 placement: str = "spread", warm: bool = True, fused: Any = None) -> None:
         """`placement`: "spread" (members' actors over as many nodes as possible) or "default"
-        (Ray's default: the driver's node first). `warm`: warm each actor up before its first member."""
+        (Ray's default: the driver's node first). `warm`: warm each actor up before its first member.
+        `fused`: an `evo.fused.run.FusedTrainer` (resources.fused): an actor trains several members of
+        one group as one program (evo.fused.remote)."""
         import ray
 
         if placement not in PLACEMENTS:
@@ -148,6 +163,7 @@ class RayScheduler:
         self.max_failures = max_failures
         self.num_workers = num_workers
         self.gpus_per_member = gpus_per_member
+        self.fused = fused
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
                                  resources=dict(custom_resources or {}) or None,
                                  scheduling_strategy=PLACEMENTS[placement])(_MemberWorker)
@@ -230,6 +246,22 @@ class RayScheduler:
             fresh = self._replace(worker)
             warming[self._ready[fresh]] = (fresh, time.monotonic() + self.timeout_s)
 
+        jobs = FusedJobs(self.fused, agents, self.num_workers) if self.fused is not None else None
+        gone: set[Any] = set()  # workers of a fused job that died or timed out: replaced once its last member is in
+
+        def release(worker: Any, dead: bool = False) -> None:
+            """A member's result is in: its worker goes back to `idle` (or is replaced, if `dead`) once
+            every member of its job is in."""
+            if dead:
+                gone.add(worker)
+            if any(w is worker for _, w, _ in pending.values()):
+                return
+            if worker in gone:
+                gone.discard(worker)
+                replace(worker)
+            else:
+                idle.append(worker)
+
         def lost(pos: int, message: str) -> None:
             index = agents[pos].index
             f = Failure(index, "lost", message, attempts[pos], generation)
@@ -243,12 +275,16 @@ class RayScheduler:
 
         while queue or pending:
             while queue and idle:
-                pos = queue.popleft()
+                job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members
                 worker = idle.pop(0)
-                attempts[pos] += 1
-                ref = worker.run.remote(states[pos], steps, basis, view_seed(self.context.seed, agents[pos].index, generation))
-                pending[ref] = (pos, worker, time.monotonic() + self.timeout_s)
-                observer.member_event(agents[pos].index, "training", {})
+                seeds = [view_seed(self.context.seed, agents[pos].index, generation) for pos in job]
+                refs = ([worker.run.remote(states[job[0]], steps, basis, seeds[0])] if len(job) == 1 else
+                        worker.run_fused.options(num_returns=len(job)).remote(self.fused, [states[p] for p in job],
+                                                                               steps, basis, seeds))
+                for pos, ref in zip(job, refs):  # each member of a job has its own result: faults stay per member
+                    attempts[pos] += 1
+                    pending[ref] = (pos, worker, time.monotonic() + self.timeout_s * len(job))
+                    observer.member_event(agents[pos].index, "training", {})
             if not pending and not warming:  # members left and no actor to run them: the cluster lost its room
                 while queue:
                     pos = queue.popleft()
@@ -269,7 +305,7 @@ class RayScheduler:
                 for ref, (pos, worker, deadline) in list(pending.items()):
                     if time.monotonic() >= deadline:
                         del pending[ref]
-                        replace(worker)
+                        release(worker, dead=True)
                         f = Failure(agents[pos].index, "timeout", f"no result within {self.timeout_s:g} s "
                                     "(resources.timeout_s); its worker was replaced", attempts[pos], generation)
                         results[pos] = failed_result(agents[pos], f, self.timeout_s, retries[pos])
@@ -296,17 +332,17 @@ class RayScheduler:
             try:
                 out = ray.get(ref)
             except RayTaskError as exc:  # the wrapper itself raised (e.g. a state from_state refuses)
-                idle.append(worker)
+                release(worker)
                 f = Failure(agents[pos].index, "error", _first_line(exc), attempts[pos], generation)
                 results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
                 observer.member_event(f.index, "failed", {"error": f"error: {f.message}", "kind": "error"})
                 continue
             except RayError as exc:  # the actor's process or node is gone: replace it, retry the member
-                replace(worker)
+                release(worker, dead=True)
                 lost(pos, f"{type(exc).__name__}: {_first_line(exc)}")
                 continue
             timing["get_s"] += time.perf_counter() - clock
-            idle.append(worker)
+            release(worker)
             index = agents[pos].index
             if out["failure"] is not None:
                 kind, message = out["failure"]
