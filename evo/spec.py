@@ -106,7 +106,7 @@ class ResourcesSpec(_Strict):
                                       "Ray's 'default' (the driver's node first); docs/cluster.md")
     timeout_s: float = Field(default=3600.0, gt=0, description="a member that takes longer is reported as failed")
     fused: bool = Field(default=False, description="train members that share an architecture as one vectorised "
-                                                   "program (inline backend; docs/fused.md)")
+                                                   "program (inline, or per Ray actor; docs/fused.md)")
     fused_compile: bool = Field(default=False, description="torch.compile the fused step (minutes of compile time; "
                                                            "pays off only in long runs)")
     max_failures: int = Field(default=2, ge=0,
