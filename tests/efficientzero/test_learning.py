@@ -48,7 +48,7 @@ def test_small_member_reaches_100_on_cartpole_within_3k_env_steps(one_torch_thre
     agent = _member(SMALL_ARCH, FAST_HPARAMS, seed=0)
     assert agent.evaluate().fitness < 30, "an untrained member should not balance the pole"
     curve = _train_until(agent, target=100.0, max_env_steps=3024, chunk=504)
-    assert curve[-1][1] >= 100.0, curve  # mean of 10 episodes: a random policy's is ~22 ± 3
+    assert curve[-1][1] >= 100.0, curve  # random play: mean of 10 episodes ~22 ± 4 (max 33.9 in 200 draws)
     assert agent.updates > 0 and curve[-1][0] <= 3024
 
 
