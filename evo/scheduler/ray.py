@@ -57,6 +57,8 @@ def to_cpu(tree: Any) -> Any:
         return tree.detach().cpu() if tree.device.type != "cpu" else tree
     if isinstance(tree, dict):
         return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a named tuple
+        return type(tree)(*(to_cpu(v) for v in tree))
     if isinstance(tree, (list, tuple)):
         return type(tree)(to_cpu(v) for v in tree)
     return tree
@@ -122,14 +124,16 @@ class _MemberWorker:
         view = MemberView(self.context.replay, basis, seed) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
         load_s = time.perf_counter() - start
+        began_at = time.time()
         metrics, evaluation, wall, failure = attempt_member(agent, steps)
         if failure is not None:  # whatever the attempt staged is dropped with the view
             return {"failure": failure, "wall_s": wall}
+        span = (self.info["pid"], began_at, time.time())  # wall clock: the driver lays spans out on its own
         start = time.perf_counter()
         out = to_cpu(agent.get_state())
         return {"failure": None, "state": out, "metrics": metrics, "evaluation": evaluation,
                 "wall_s": wall, "staged": view.staged() if view is not None else None,
-                "load_s": load_s, "save_s": time.perf_counter() - start, "node_id": self.info["node_id"]}
+                "load_s": load_s, "save_s": time.perf_counter() - start, "node_id": self.info["node_id"], "span": span}
 
     def run_fused(self, trainer: Any, states: list[Any], steps: int, basis: ViewBasis | None,
                   seeds: list[np.random.SeedSequence]) -> tuple[dict[str, Any], ...]:
@@ -148,11 +152,13 @@ class RayScheduler:
     def __init__(self, agent_class: type[Agent], context: AgentContext, num_workers: int,
                  cpus_per_member: float = 1.0, gpus_per_member: float = 0.0, timeout_s: float = 3600.0,
                  max_failures: int = 2, custom_resources: dict[str, float] | None = None,
-                 placement: str = "spread", warm: bool = True, fused: Any = None) -> None:
+                 placement: str = "spread", warm: bool = True, start_timeout_s: float = 600.0,
+                 fused: Any = None) -> None:
         """`placement`: "spread" (members' actors over as many nodes as possible) or "default"
         (Ray's default: the driver's node first). `warm`: warm each actor up before its first member.
-        `fused`: an `evo.fused.run.FusedTrainer` (resources.fused): an actor trains several members of
-        one group as one program (evo.fused.remote)."""
+        `start_timeout_s`: an actor not started and warmed up by then is given up (the cluster has no
+        room for it); members left with no actor fail as lost. `fused`: an `evo.fused.run.FusedTrainer`
+        (resources.fused): an actor trains several members of one group as one program (evo.fused.remote)."""
         import ray
 
         if placement not in PLACEMENTS:
@@ -163,6 +169,7 @@ class RayScheduler:
         self.max_failures = max_failures
         self.num_workers = num_workers
         self.gpus_per_member = gpus_per_member
+        self.start_timeout_s = start_timeout_s
         self.fused = fused
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
                                  resources=dict(custom_resources or {}) or None,
@@ -188,8 +195,25 @@ class RayScheduler:
     def worker_info(self) -> list[dict[str, Any]]:
         """Each live actor's ready() answer (node id, pid, GPU ids, CUDA_VISIBLE_DEVICES, device,
         warm-up seconds), waiting for actors still starting."""
-        self._await_ready(self.timeout_s)
+        self._await_ready(self.start_timeout_s)
         return [self.placements[w] for w in self.workers]
+
+    def _harvest_ready(self) -> None:
+        """Note every actor whose ready() has answered by now (a later generation starts with all of them)."""
+        import ray
+        from ray.exceptions import RayError
+
+        waiting = {ref: w for w, ref in self._ready.items()}
+        if not waiting:
+            return
+        done, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=0)
+        for ref in done:
+            try:
+                info = ray.get(ref)
+            except RayError:  # died starting: the generation loop replaces it when it sees the error
+                continue
+            del self._ready[waiting[ref]]
+            self._warmed(waiting[ref], info)
 
     def _await_ready(self, timeout: float) -> None:
         """Wait (up to `timeout` s) until every actor has warmed up; raise if one cannot start."""
@@ -204,8 +228,8 @@ class RayScheduler:
             del self._ready[worker]
             self._warmed(worker, ray.get(ref))
         if len(done) < len(waiting):
-            raise RuntimeError(f"{len(waiting) - len(done)} member actor(s) not started within {timeout:g} s "
-                               "(resources.timeout_s): the cluster has no room for them")
+            raise RuntimeError(f"{len(waiting) - len(done)} member actor(s) not started within {timeout:g} s: "
+                               "the cluster has no room for them")
 
     @staticmethod
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
@@ -223,7 +247,7 @@ class RayScheduler:
         import ray
         from ray.exceptions import RayError, RayTaskError
 
-        began = time.perf_counter()
+        began, began_at = time.perf_counter(), time.time()
         observer = observer or RunObserver()
         shared = self.context.replay
         basis = shared.view_basis() if shared is not None else None
@@ -231,20 +255,21 @@ class RayScheduler:
         clock = time.perf_counter()
         states = [ray.put(a.get_state()) for a in agents]  # each member's start state, once; kept for retries
         timing = {"put_s": time.perf_counter() - clock, "get_s": 0.0, "rebuild_s": 0.0, "member_s": 0.0,
-                  "worker_load_s": 0.0, "worker_save_s": 0.0, "nodes": {}}
+                  "worker_load_s": 0.0, "worker_save_s": 0.0, "nodes": {}, "spans": {}}
         queue = deque(range(n))
         attempts, retries = [0] * n, [[] for _ in range(n)]
         results: list[MemberResult | None] = [None] * n
         staged = []
         pending: dict[Any, tuple[int, Any, float]] = {}
+        self._harvest_ready()
         # actors still starting (the first generation's, replacements): dispatched to once ready() answers
-        warming = {self._ready[w]: (w, time.monotonic() + self.timeout_s) for w in self.workers if w in self._ready}
+        warming = {self._ready[w]: (w, time.monotonic() + self.start_timeout_s) for w in self.workers if w in self._ready}
         idle = [w for w in self.workers if w not in self._ready]
         failed_starts = 0
 
         def replace(worker: Any) -> None:
             fresh = self._replace(worker)
-            warming[self._ready[fresh]] = (fresh, time.monotonic() + self.timeout_s)
+            warming[self._ready[fresh]] = (fresh, time.monotonic() + self.start_timeout_s)
 
         jobs = FusedJobs(self.fused, agents, self.num_workers) if self.fused is not None else None
         gone: set[Any] = set()  # workers of a fused job that died or timed out: replaced once its last member is in
@@ -288,8 +313,8 @@ class RayScheduler:
             if not pending and not warming:  # members left and no actor to run them: the cluster lost its room
                 while queue:
                     pos = queue.popleft()
-                    f = Failure(agents[pos].index, "lost", f"no member actor could be started within {self.timeout_s:g} s "
-                                "(resources.timeout_s) after workers were lost", max(1, attempts[pos]), generation)
+                    f = Failure(agents[pos].index, "lost", f"no member actor could be started within {self.start_timeout_s:g} s "
+                                "after workers were lost", max(1, attempts[pos]), generation)
                     results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
                     observer.member_event(f.index, "failed", {"error": f"lost: {f.message}", "kind": "lost"})
                 break
@@ -360,13 +385,18 @@ class RayScheduler:
             timing["worker_load_s"] += out["load_s"]
             timing["worker_save_s"] += out["save_s"]
             timing["nodes"][index] = out["node_id"]
+            if out.get("span") is not None:  # (actor pid, train start, evaluate end): time.time() on its node
+                timing["spans"][index] = out["span"]
             agent.index = index
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
             if out["staged"] is not None:
                 staged.append((index, out["staged"]))
             observer.member_event(index, "done", {"fitness": out["evaluation"].fitness, "wall_s": out["wall_s"]})
+        clock = time.perf_counter()
         if shared is not None:
             commit_views(shared, staged)
+        timing["commit_s"] = time.perf_counter() - clock
+        timing["began_at"], timing["ended_at"] = began_at, time.time()
         timing["state_transfer_s"] = timing["put_s"] + timing["get_s"] + timing["rebuild_s"]
         timing["wall_s"] = time.perf_counter() - began
         self.last_timing = timing
