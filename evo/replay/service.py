@@ -134,17 +134,22 @@ class _ReplayActor:
             return b.size, b.mass, b.min_leaf
 
     def sample_part(self, batch_size: int, length: int | None, timeout: float | None,
-                    seed: int | None) -> tuple[SampleBatch | SequenceBatch, float]:
-        """A shard's share of a batch plus this shard's smallest priority**alpha at that moment (the
-        client renormalises importance weights by the smallest over all shards)."""
-        if length is None:
-            draw = lambda: self._store.sample(batch_size, seed)
-        else:
-            draw = lambda: self._store.sample_sequences(batch_size, length, seed)
-        if seed is not None:
+                    seed: int | None) -> tuple[SampleBatch | SequenceBatch | None, tuple[int, float, float]]:
+        """A shard's share of a batch (None for a share of 0) and this shard's (rows, mass, smallest
+        priority**alpha) at that moment: the client rescales importance weights by the smallest over
+        all shards and splits its next batch by these masses."""
+        def draw():
+            out = None
+            if batch_size:
+                out = (self._store.sample(batch_size, seed) if length is None
+                       else self._store.sample_sequences(batch_size, length, seed))
+            b = self._store.view_basis()
+            return out, (b.size, b.mass, b.min_leaf)
+
+        if seed is not None or not batch_size:
             with self._cond:
-                return draw(), self._store.view_basis().min_leaf
-        return self._blocking(lambda: (draw(), self._store.view_basis().min_leaf), timeout)
+                return draw()
+        return self._blocking(draw, timeout)
 
     def get_present(self, keys: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Which of ``keys`` this shard holds, and their rows (in order)."""

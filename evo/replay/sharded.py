@@ -8,7 +8,10 @@ in one store; that needs the episode field to be a key field (equal rows then st
 
 Sampling. A batch is split across shards by one multinomial draw over their sampling masses (rows
 for uniform, the sum of priority**alpha for prioritised), then every shard draws its share at once
-(in parallel on Ray). Each row is thus drawn with the probability one big store would give it.
+(in parallel on Ray). Each row is thus drawn with the probability one big store would give it. The
+masses are those every shard reported with this client's previous batch (each answers with its
+share and its mass), so a batch is one round of calls, not two; they are asked for first when this
+client has none, or wrote since (so they lag only other clients' writes since its previous batch).
 Importance weights come back normalised by each shard's smallest priority and are rescaled to the
 smallest over all shards, as one store computes them. A seeded draw (a member view's read) takes
 the split and the per-shard seeds from that seed, so it is reproducible.
@@ -145,6 +148,10 @@ class ShardedReplay:
         self._min_size, self._hash_fn, self.seed = min_size_to_sample, hash_fn, seed
         self._timeout, self._snapshot_dir = rate_limit_timeout_s, snapshot_dir
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 0x5A4D])))
+        # [N, 3] rows, mass, smallest leaf of each shard as its last answer to this client reported
+        # them; the next unseeded batch is split by these (None: ask first). This client's own
+        # writes clear it.
+        self._last: np.ndarray | None = None
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -286,6 +293,7 @@ class ShardedReplay:
         arrays, n = self.schema.validate(batch)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
+        self._last = None
         shard, h = route(self.schema, arrays, self.n_shards, self.episode_field, self._hash_fn)
         parts = self._split_rows(arrays, shard, h)
         calls = [(i, "insert", ({k: v[idx] for k, v in arrays.items()} if idx.size < n else arrays, timeout))
@@ -342,7 +350,9 @@ class ShardedReplay:
     def _draw(self, batch_size: int, length: int | None, timeout: float | None, seed: int | None):
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
-        m = self._masses(batch_size, timeout, seed is not None)
+        m = self._last if seed is None else None
+        if m is None or (self._min_size is not None and m[:, 0].sum() < self._min_size) or not m[:, 1].sum() > 0:
+            m = self._masses(batch_size, timeout, seed is not None)
         if m[:, 0].sum() == 0:
             raise ReplayError("cannot sample from an empty store")
         mass = m[:, 1]
@@ -351,24 +361,25 @@ class ShardedReplay:
         rng = self._rng if seed is None else np.random.Generator(np.random.PCG64(int(seed)))
         counts = rng.multinomial(batch_size, mass / mass.sum())
         seeds = rng.integers(0, 2**63, size=self.n_shards) if seed is not None else [None] * self.n_shards
+        # every shard answers (a share of 0 just reports its mass), so the next split has fresh masses
         calls = [(i, "sample_part", (int(c), length, timeout, None if seeds[i] is None else int(seeds[i])))
-                 for i, c in enumerate(counts) if c]
+                 for i, c in enumerate(counts)]
         got = self._shards.call(calls)
-        mins = m[:, 2].copy()
-        for (i, _, _), (_, low) in zip(calls, got):
-            mins[i] = low
-        parts = [b for b, _ in got]
-        weights = [np.asarray(b.weights) for b in parts]
+        now = np.array([st for _, st in got], dtype=np.float64).reshape(self.n_shards, 3)
+        self._last = now
+        mins = now[:, 2]
+        parts = [(i, b) for i, (b, _) in enumerate(got) if b is not None]
+        weights = [np.asarray(b.weights) for _, b in parts]
         if self._sampler == "prioritized":
             low = mins.min()
             weights = [w * np.float32((low / mins[i]) ** self._beta) if np.isfinite(mins[i]) and mins[i] > 0 else w
-                       for (i, _, _), w in zip(calls, weights)]
-        keys = np.concatenate([np.asarray(b.keys) for b in parts])
-        data = {name: np.concatenate([np.asarray(b.data[name]) for b in parts]) for name in parts[0].data}
+                       for (i, _), w in zip(parts, weights)]
+        keys = np.concatenate([np.asarray(b.keys) for _, b in parts])
+        data = {name: np.concatenate([np.asarray(b.data[name]) for _, b in parts]) for name in parts[0][1].data}
         w = np.concatenate(weights).astype(np.float32)
         if length is None:
             return SampleBatch(data, keys, w)
-        return SequenceBatch(data, np.concatenate([np.asarray(b.mask) for b in parts]), keys, w)
+        return SequenceBatch(data, np.concatenate([np.asarray(b.mask) for _, b in parts]), keys, w)
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set priorities of stored keys (on whichever shard holds each); returns how many were found.
@@ -381,6 +392,7 @@ class ShardedReplay:
             raise ReplayError("update_priorities needs sampler='prioritized'; this store samples uniformly")
         if not np.all(np.isfinite(p)) or np.any(p < 0):
             raise ReplayError("update_priorities: priorities must be finite and >= 0 (add a small epsilon yourself)")
+        self._last = None
         got = self._all("update_found", k, p)
         top = max(mx for _, mx in got)
         if top >= 0:
@@ -412,6 +424,7 @@ class ShardedReplay:
             else:
                 for ops in per:
                     ops.append(op)
+        self._last = None
         calls = [(i, "apply_shard_ops", (ops,)) for i, ops in enumerate(per) if ops]
         done = self._shards.call(calls)
         return {"rows": staged.rows, "priority_updates": int(sum(d["priority_updates"] for d in done))}
@@ -450,6 +463,7 @@ class ShardedReplay:
             pre = f"shard{i:03d}."
             calls.append((i, "import_state", (m, {k[len(pre):]: v for k, v in arrays.items() if k.startswith(pre)}, path)))
         self._shards.call(calls)
+        self._last = None
         first = meta["shards"][0]
         self.schema = Schema.from_json(first["schema"])
         self.capacity = sum(int(m["capacity"]) for m in meta["shards"])
