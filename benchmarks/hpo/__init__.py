@@ -3,7 +3,7 @@
     python -m benchmarks.hpo [--quick] [--seeds K] [--task cartpole|randomwalks] --json OUT.json [--plot OUT.png]
 
 Modules: `common` (tasks, budgets, founders, curves), `evo_strategy`, `tune_strategies` (random
-search, PBT, PB2 as Tune runs of the same agent), `agilerl` (AgileRL's own venv and its runner
+search, PBT, PB2 as Tune runs of the same agent), `agilerl_peer` (AgileRL's own venv and its runner
 script `agilerl_runner`), `strategy` (one strategy × seed in a process of its own), `plot`, and
 `__main__` (the interleaved schedule and the JSON). docs/benchmarks.md has the method and results.
 """

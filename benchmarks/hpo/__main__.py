@@ -4,7 +4,7 @@
 
 Every strategy gets the same budget (`common.Task.budget`: training steps of all members together)
 and searches the same space; each (seed, strategy) runs in a process of its own, interleaved seed
-by seed (evo, random, PBT, PB2, AgileRL for seed 0, then seed 1, …) so that load drifts on a
+by seed (evo, random, PBT, AgileRL, PB2 for seed 0, then seed 1, …) so that load drifts on a
 shared machine hit every strategy alike, and each run's load average is recorded. The JSON is
 rewritten after every run, so a run cut short keeps what finished. docs/benchmarks.md has the
 method and the results.

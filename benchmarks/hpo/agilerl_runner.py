@@ -1,6 +1,6 @@
 """AgileRL's DQN with its evolutionary HPO on CartPole-v1, run the way its users run it.
 
-This script runs inside AgileRL's own virtual environment (`benchmarks.hpo.agilerl` makes it), so it
+This script runs inside AgileRL's own virtual environment (`benchmarks.hpo.agilerl_peer` makes it), so it
 imports AgileRL, gymnasium, numpy and torch only, never evo. It calls `train_off_policy` unchanged,
 with the settings of AgileRL's shipped DQN config (configs/training/dqn/dqn.yaml: population 4,
 tournament 2 with elitism, the mutation probabilities, the lr/batch/learn_step ranges, the network)

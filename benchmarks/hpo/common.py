@@ -40,9 +40,9 @@ class Task:
 
 def task(name: str, quick: bool) -> Task:
     if name == "cartpole":
-        # full: the main experiment's 4 × 6 × 2000; quick: 4 × 2 × 512
+        # full: the main experiment's 4 × 6 × 2000; quick: 4 × 2 × 256
         return Task("cartpole", "experiments/cartpole_efficientzero.toml", 475.0, "env steps", 4,
-                    2 if quick else 6, 512 if quick else 2000)
+                    2 if quick else 6, 256 if quick else 2000)
     if name == "randomwalks":
         return Task("randomwalks", "experiments/randomwalks_ilql.toml", 0.9, "gradient updates", 4,
                     2 if quick else 5, 50 if quick else 200)

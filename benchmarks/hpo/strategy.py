@@ -12,7 +12,7 @@ import time
 
 from benchmarks.hpo.common import summarise, task
 
-STRATEGIES = ("evo", "random", "pbt", "pb2", "agilerl")
+STRATEGIES = ("evo", "random", "pbt", "agilerl", "pb2")  # the run order within a seed: PB2, the extra, last
 
 
 def run(name: str, seed: int, task_name: str, quick: bool) -> dict:
@@ -27,9 +27,9 @@ def run(name: str, seed: int, task_name: str, quick: bool) -> dict:
 
         out = tune_strategies.run(t, seed, name)
     elif name == "agilerl":
-        from benchmarks.hpo import agilerl
+        from benchmarks.hpo import agilerl_peer
 
-        out = agilerl.run(t, seed)
+        out = agilerl_peer.run(t, seed)
     else:
         raise ValueError(f"--strategy: expected one of {STRATEGIES}, found {name!r}")
     return {"strategy": name, "seed": seed, **summarise(out["curve"], t.target), **out,

@@ -175,15 +175,29 @@ def run(t: Task, seed: int, strategy: str) -> dict[str, Any]:
                                       stop={"training_iteration": t.generations}, callbacks=[recorder],
                                       failure_config=tune.FailureConfig(max_failures=0),
                                       # PBT/PB2 exploit from the donor's latest checkpoint: one per iteration
-                                      # (as Tune's PBT guide sets it), the last two kept
+                                      # (as Tune's PBT guide sets it); Tune warns that keeping 2 or fewer can break exploits
                                       checkpoint_config=tune.CheckpointConfig(
-                                          checkpoint_frequency=0 if strategy == "random" else 1, num_to_keep=2)),
+                                          checkpoint_frequency=0 if strategy == "random" else 1, num_to_keep=4)),
         )
         recorder.start = time.perf_counter()  # the clock starts once Ray is up, as for evo
         grid = tuner.fit()
         errors = [str(r.error) for r in grid if r.error is not None]
+        # PBT/PB2 log each exploit (donor, recipient, old and new config) here: kept as evidence it happened
+        exploits = [line.strip() for f in Path(storage).rglob("pbt_global.txt") for line in f.read_text().splitlines()
+                    if line.strip()]
     ray.shutdown()
     used.update({"shared_replay": False, "replay": "one store per trial; copied with the weights on exploit",
                  "trial_cpus": TRIAL_CPUS, "concurrent_trials": t.population, "search_space": sorted(space),
                  "tune_version": ray.__version__})
-    return {"curve": recorder.curve, "results": recorder.results, "used": used, "errors": errors}
+    return {"curve": recorder.curve, "results": recorder.results, "used": used, "errors": errors,
+            "exploits": len(exploits), "exploit_log": exploits[:50], "config_changes": _config_changes(recorder.results)}
+
+
+def _config_changes(results: list[dict[str, Any]]) -> int:
+    """Results whose hyperparameters differ from the same trial's previous result (a PBT/PB2 explore)."""
+    last: dict[str, dict[str, Any]] = {}
+    changes = 0
+    for r in results:
+        changes += r["trial"] in last and last[r["trial"]] != r["hparams"]
+        last[r["trial"]] = r["hparams"]
+    return changes
