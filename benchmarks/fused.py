@@ -11,8 +11,9 @@
 * selfplay: MCTS searches per second (one search = one root) for N members x 8 roots
   (16 simulations): each member's own BatchedMCTS.run vs one search over all members' roots with
   the network vmapped over their stacked weights.
-* generation: wall time of one generation (train + evaluate) of the CartPole experiment with
-  N = 16 members on the inline backend, resources.fused false vs true (--quick: fewer steps).
+* generation: wall time (and process CPU time) of one generation (train + evaluate) of the CartPole
+  experiment with N = 16 members on the inline backend, resources.fused false vs true (--quick:
+  fewer steps, and two runs of each side in the order loop, fused, fused, loop, each keeping its best).
 
 Timings alternate loop and fused in short windows and keep each side's best window, so load
 from other processes on the machine hurts both sides alike. One torch thread.
@@ -161,16 +162,20 @@ def selfplay_point(n: int, roots: int, sims: int, windows: int, seconds: float) 
             "fused_searches_per_s": fused_rate, "ratio": fused_rate / loop_rate}
 
 
-def generation_point(n: int, steps: int) -> dict[str, Any]:
-    """One generation of the CartPole experiment (its task, arch and hparams) with n members."""
+def generation_point(n: int, steps: int, repeats: int = 2) -> dict[str, Any]:
+    """One generation of the CartPole experiment (its task, arch and hparams) with n members, loop
+    and fused alternating (loop, fused, fused, loop, ...) so drifting load hits both alike; each
+    side keeps its fastest run. Wall and process CPU seconds (the CPU time is what other processes
+    on a shared machine disturb least)."""
     from evo.agent import AgentContext
     from evo.replay.protocol import build_replay
     from evo.scheduler.inline import InlineScheduler
     from evo.spec import load_experiment
 
     exp, _ = load_experiment("experiments/cartpole_efficientzero.toml", {"backend": "inline", "population.size": n})
-    out: dict[str, Any] = {"members": n, "steps_per_generation": steps}
-    for fused in (False, True):
+    out: dict[str, Any] = {"members": n, "steps_per_generation": steps, "repeats": repeats}
+    order = [side for r in range(repeats) for side in ((False, True) if r % 2 == 0 else (True, False))]
+    for fused in order:
         replay = build_replay(EfficientZeroAgent.replay_spec(exp.task), 0, distributed=False)
         # the store holds min_replay rows from a warm-up member, so members learn from the first step
         ctx = AgentContext(task=exp.task, replay=replay, seed=0)
@@ -179,13 +184,17 @@ def generation_point(n: int, steps: int) -> dict[str, Any]:
         agents = [EfficientZeroAgent.create(exp.arch, {k: h.value for k, h in exp.hparam_space.items()}, i, i, ctx)
                   for i in range(n)]
         scheduler = InlineScheduler(threads=1, context=ctx, fused=FusedEfficientZero() if fused else None)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         results = scheduler.run_generation(agents, steps)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, time.process_time() - cpu
         assert not any(r.failed for r in results), [r.failure for r in results if r.failed]
-        out["fused_wall_s" if fused else "loop_wall_s"] = wall
-        out["fused_updates" if fused else "loop_updates"] = sum(int(r.train_metrics.get("updates", 0)) for r in results)
+        side = "fused" if fused else "loop"
+        out[f"{side}_wall_s"] = min(wall, out.get(f"{side}_wall_s", wall))
+        out[f"{side}_cpu_s"] = min(cpu, out.get(f"{side}_cpu_s", cpu))
+        out.setdefault(f"{side}_wall_runs_s", []).append(wall)
+        out[f"{side}_updates"] = sum(int(r.train_metrics.get("updates", 0)) for r in results)
     out["ratio"] = out["loop_wall_s"] / out["fused_wall_s"]
+    out["cpu_ratio"] = out["loop_cpu_s"] / out["fused_cpu_s"]
     return out
 
 
@@ -194,11 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="N = 1, 4, 16; short windows; a short generation")
     parser.add_argument("--compile", action="store_true", help="also time the fused step under torch.compile")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: learner,selfplay,generation")
+    parser.add_argument("--sizes", default="", help="comma-separated N for the learner and self-play (default: "
+                        "1,4,16,64; --quick: 1,4,16 and 4,16)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     skip = set(filter(None, args.skip.split(",")))
-    sizes = [1, 4, 16] if args.quick else [1, 4, 16, 64]
+    chosen = [int(x) for x in args.sizes.split(",") if x]
+    sizes = chosen or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
     windows, seconds = (2, 1.5) if args.quick else (3, 3.0)
     out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "quick": args.quick}
@@ -210,12 +222,12 @@ def main(argv: list[str] | None = None) -> None:
             out["learner"].append(point)
     if "selfplay" not in skip:
         out["selfplay"] = []
-        for n in ([4, 16] if args.quick else [1, 4, 16, 64]):
+        for n in chosen or ([4, 16] if args.quick else [1, 4, 16, 64]):
             point = selfplay_point(n, 8, 16, windows, seconds)
             print(json.dumps(point), flush=True)
             out["selfplay"].append(point)
     if "generation" not in skip:
-        out["generation"] = generation_point(16, 64 if args.quick else 400)
+        out["generation"] = generation_point(16, 64 if args.quick else 400, 2 if args.quick else 1)
         print(json.dumps(out["generation"]), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
