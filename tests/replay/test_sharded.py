@@ -208,3 +208,32 @@ def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path
         assert_batches_equal(s.get(keys), rows(150, seed=1))
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------- a real run on Ray with [replay] shards = 2
+@pytest.mark.slow
+def test_efficientzero_run_on_ray_with_two_replay_shards(tmp_path):
+    """`evo run` with `[replay] shards = 2`: members write through views into a 2-shard store, and the
+    run store's per-generation snapshots (written in the driver's run directory) hold both shards,
+    each with rows of both founders' episodes."""
+    import tomli_w
+    import tomllib
+
+    from tests.conftest import run_evo
+    from tests.test_agents_e2e import SEED, tiny_experiment
+
+    name = "cartpole_efficientzero"
+    path = tiny_experiment(name, tmp_path, "ray")
+    data = tomllib.loads(path.read_text())
+    data["population"]["steps_per_generation"] = 160
+    data["replay"] = {"shards": 2}
+    path.write_text(tomli_w.dumps(data))
+    proc = run_evo(["run", f"{name}.toml", "--seed", str(SEED)], tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from evo.replay.snapshot import read_snapshot
+
+    _, meta, arrays = read_snapshot(tmp_path / "runs" / name / "replay" / "g0001")
+    assert len(meta["shards"]) == 2
+    episodes = [set(arrays[f"shard{i:03d}.col.episode"][arrays[f"shard{i:03d}.live"]].tolist()) for i in range(2)]
+    assert all(episodes) and not episodes[0] & episodes[1]  # trajectories whole on one shard each
+    assert {e >> 40 for e in episodes[0] | episodes[1]} >= {0, 1}  # both founders wrote
