@@ -29,10 +29,13 @@ from benchmarks.hpo.strategy import STRATEGIES
 REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")
 
 
-def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path) -> dict[str, Any]:
-    """One strategy × seed in a subprocess; a failure is recorded (with its log's tail), not raised."""
+def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, reuse: bool = False) -> dict[str, Any]:
+    """One strategy × seed in a subprocess; a failure is recorded (with its log's tail), not raised.
+    `reuse`: a result this (seed, strategy) already left in `log_dir` is read instead of run again."""
     out = log_dir / f"{name}_{seed}.json"
     log = log_dir / f"{name}_{seed}.log"
+    if reuse and out.exists():
+        return {**json.loads(out.read_text()), "reused_from": str(out)}
     cmd = [sys.executable, "-m", "benchmarks.hpo.strategy", "--strategy", name, "--seed", str(seed),
            "--task", task_name, "--out", str(out), *(["--quick"] if quick else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -76,10 +79,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 3, --quick 1)")
     parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
     parser.add_argument("--strategies", default=None,
-                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default all that apply to the task)")
+                        help=f"comma-separated subset of {','.join(STRATEGIES)}, run in this order within a seed "
+                             "(default all that apply to the task)")
     parser.add_argument("--json", required=True)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--logs", default=None, help="keep each run's log and JSON here (default: a temporary dir)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="continue an interrupted benchmark: read the results already in --logs instead of rerunning")
     args = parser.parse_args()
     t = task(args.task, args.quick)
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
@@ -101,7 +107,7 @@ def main() -> None:
     for seed in seeds:
         for name in names:  # interleaved: every strategy of seed 0, then seed 1, ...
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.1f})", flush=True)
-            result = run_one(name, seed, args.task, args.quick, log_dir)
+            result = run_one(name, seed, args.task, args.quick, log_dir, reuse=args.reuse)
             report["strategies"][name].append(result)
             print(f"    steps_to_target {result['steps_to_target']} seconds_to_target {result['seconds_to_target']} "
                   f"final_best {result['final_best']}" + (f" ERROR {result['error']}" if "error" in result else ""),
