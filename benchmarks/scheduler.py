@@ -1,6 +1,6 @@
 """The Ray backend's overhead over training itself: one population's generation inline and on Ray.
 
-    python -m benchmarks.scheduler [--quick] [--workers W] --json OUT.json
+    python -m benchmarks.scheduler [--quick] [--workers W] [--prefetch P] --json OUT.json
 
 The population: 8 EfficientZero members of the CartPole experiment (experiments/
 cartpole_efficientzero.toml: its task, architecture and hyperparameters; 4 evaluation episodes),
@@ -103,7 +103,8 @@ def inline_generation(exp: Any, states: list[dict[str, Any]], steps: int) -> dic
     return {"inline_generation_s": wall, "inline_member_s": sum(r.wall_s for r in results)}
 
 
-def ray_generations(exp: Any, states: list[dict[str, Any]], steps: int, workers: int, generations: int) -> dict[str, Any]:
+def ray_generations(exp: Any, states: list[dict[str, Any]], steps: int, workers: int, generations: int,
+                    prefetch: int) -> dict[str, Any]:
     import ray
 
     from evo.scheduler.ray import RayScheduler, init_ray
@@ -115,7 +116,7 @@ def ray_generations(exp: Any, states: list[dict[str, Any]], steps: int, workers:
         fill(exp, replay)
         ctx = AgentContext(task=exp.task, replay=replay, seed=0)
         t = time.perf_counter()
-        scheduler = RayScheduler(EfficientZeroAgent, ctx, workers, cpus_per_member=1.0)
+        scheduler = RayScheduler(EfficientZeroAgent, ctx, workers, cpus_per_member=1.0, prefetch=prefetch)
         info = scheduler.worker_info()  # started and warmed up: generations time members, not start-up
         startup = time.perf_counter() - t
         agents = [EfficientZeroAgent.from_state(s, ctx) for s in states]
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="env steps per member per generation")
     parser.add_argument("--workers", type=int, default=min(MEMBERS, os.cpu_count() or 1))
     parser.add_argument("--generations", type=int, default=None, help="Ray generations timed (default 3; 2 with --quick)")
+    parser.add_argument("--prefetch", type=int, default=2, help="members in flight per actor (RayScheduler.prefetch)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -182,10 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
                            "agent": "efficientzero (CartPole-v1)", "members": MEMBERS, "steps_per_member": steps,
-                           "workers": args.workers, "load_average_before": os.getloadavg()}
+                           "workers": args.workers, "prefetch": args.prefetch, "load_average_before": os.getloadavg()}
     out.update(inline_generation(exp, states, steps))
     print(json.dumps({k: out[k] for k in ("inline_generation_s", "inline_member_s")}), flush=True)
-    out.update(ray_generations(exp, states, steps, args.workers, generations))
+    out.update(ray_generations(exp, states, steps, args.workers, generations, args.prefetch))
     out["ray_speedup"] = out["inline_generation_s"] / out["ray_generation_s"]
     out["mean_member_train_evaluate_s"] = out["inline_member_s"] / MEMBERS
     out["load_average_after"] = os.getloadavg()

@@ -14,6 +14,12 @@ visible set* — four actors with 0.25 each see the same physical GPU as their `
 travel both ways as CPU tensors: the driver puts each member's start state in the object store
 once (a retry reuses it), and an actor moves the trained state to the CPU before returning it.
 
+Prefetch: while more members wait than there are actors, each actor gets a second member queued
+behind the one it trains (`prefetch`), whose start state Ray moves to it meanwhile, so it starts
+the next member the moment the last one ends instead of waiting for the driver's round trip. A
+queued member's timeout starts when the member before it ends; if its actor dies or hangs, it goes
+back to the queue without counting as an attempt. Fused jobs are not prefetched.
+
 Warm-up: a fresh actor imports torch and pays its lazy imports (torch._dynamo, sympy: seconds) and,
 on a GPU, CUDA's context creation, in `__init__`; the driver dispatches to an actor only after its
 `ready()` has answered, so `timeout_s` measures a member's own work, not an actor's start-up.
@@ -27,6 +33,7 @@ waits in slices of at most a second, so Ctrl-C and SIGTERM are handled within se
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections import deque
@@ -153,11 +160,12 @@ class RayScheduler:
                  cpus_per_member: float = 1.0, gpus_per_member: float = 0.0, timeout_s: float = 3600.0,
                  max_failures: int = 2, custom_resources: dict[str, float] | None = None,
                  placement: str = "spread", warm: bool = True, start_timeout_s: float = 600.0,
-                 fused: Any = None) -> None:
+                 fused: Any = None, prefetch: int = 2) -> None:
         """`placement`: "spread" (members' actors over as many nodes as possible) or "default"
         (Ray's default: the driver's node first). `warm`: warm each actor up before its first member.
         `start_timeout_s`: an actor not started and warmed up by then is given up (the cluster has no
-        room for it); members left with no actor fail as lost. `fused`: an `evo.fused.run.FusedTrainer`
+        room for it); members left with no actor fail as lost. `prefetch`: members in flight per actor
+        (1: none queued; module docstring). `fused`: an `evo.fused.run.FusedTrainer`
         (resources.fused): an actor trains several members of one group as one program (evo.fused.remote)."""
         import ray
 
@@ -170,6 +178,7 @@ class RayScheduler:
         self.num_workers = num_workers
         self.gpus_per_member = gpus_per_member
         self.start_timeout_s = start_timeout_s
+        self.prefetch = max(1, int(prefetch))
         self.fused = fused
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
                                  resources=dict(custom_resources or {}) or None,
@@ -273,13 +282,36 @@ class RayScheduler:
 
         jobs = FusedJobs(self.fused, agents, self.num_workers) if self.fused is not None else None
         gone: set[Any] = set()  # workers of a fused job that died or timed out: replaced once its last member is in
+        depth = self.prefetch if jobs is None else 1
+        idle[:] = [w for _ in range(depth) for w in idle]  # one entry per free slot: first slots first
+
+        def busy(worker: Any) -> bool:
+            return any(w is worker for _, w, _ in pending.values())
+
+        def start_queued(worker: Any) -> None:
+            """The member queued behind `worker`'s finished one starts now, and so does its timeout."""
+            for ref, (pos, w, deadline) in pending.items():
+                if w is worker and deadline == math.inf:
+                    pending[ref] = (pos, w, time.monotonic() + self.timeout_s)
+                    return
+
+        def unqueue(worker: Any) -> None:
+            """Members queued behind a dead or hung actor's current one never started: back to the queue."""
+            for ref, (pos, w, deadline) in list(pending.items()):
+                if w is worker and deadline == math.inf:
+                    del pending[ref]
+                    attempts[pos] -= 1
+                    queue.appendleft(pos)
 
         def release(worker: Any, dead: bool = False) -> None:
-            """A member's result is in: its worker goes back to `idle` (or is replaced, if `dead`) once
-            every member of its job is in."""
+            """A member's result is in: its worker's slot goes back to `idle` (a fused job's worker once
+            every member of its job is in), or the worker is replaced once nothing of it is pending, if `dead`."""
             if dead:
                 gone.add(worker)
-            if any(w is worker for _, w, _ in pending.values()):
+                idle[:] = [w for w in idle if w is not worker]
+            else:
+                start_queued(worker)
+            if busy(worker) and (dead or jobs is not None):
                 return
             if worker in gone:
                 gone.discard(worker)
@@ -300,15 +332,21 @@ class RayScheduler:
 
         while queue or pending:
             while queue and idle:
+                slot = next((i for i, w in enumerate(idle) if not busy(w)), None)
+                if slot is None:  # only second slots: queue a member behind another only while members outnumber actors
+                    if len(queue) < len(self.workers):
+                        break
+                    slot = 0
+                worker = idle.pop(slot)
+                deadline = math.inf if busy(worker) else None  # queued: its timeout starts when it does
                 job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members
-                worker = idle.pop(0)
                 seeds = [view_seed(self.context.seed, agents[pos].index, generation) for pos in job]
                 refs = ([worker.run.remote(states[job[0]], steps, basis, seeds[0])] if len(job) == 1 else
                         worker.run_fused.options(num_returns=len(job)).remote(self.fused, [states[p] for p in job],
                                                                                steps, basis, seeds))
                 for pos, ref in zip(job, refs):  # each member of a job has its own result: faults stay per member
                     attempts[pos] += 1
-                    pending[ref] = (pos, worker, time.monotonic() + self.timeout_s * len(job))
+                    pending[ref] = (pos, worker, deadline or time.monotonic() + self.timeout_s * len(job))
                     observer.member_event(agents[pos].index, "training", {})
             if not pending and not warming:  # members left and no actor to run them: the cluster lost its room
                 while queue:
@@ -328,8 +366,9 @@ class RayScheduler:
                         del warming[ref]
                         self._drop(worker)
                 for ref, (pos, worker, deadline) in list(pending.items()):
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline and ref in pending:
                         del pending[ref]
+                        unqueue(worker)
                         release(worker, dead=True)
                         f = Failure(agents[pos].index, "timeout", f"no result within {self.timeout_s:g} s "
                                     "(resources.timeout_s); its worker was replaced", attempts[pos], generation)
@@ -350,9 +389,9 @@ class RayScheduler:
                     continue
                 del self._ready[worker]
                 self._warmed(worker, info)
-                idle.append(worker)
+                idle.extend([worker] * depth)
                 continue
-            pos, worker, _ = pending.pop(ref)
+            pos, worker, deadline = pending.pop(ref)
             clock = time.perf_counter()
             try:
                 out = ray.get(ref)
@@ -363,8 +402,13 @@ class RayScheduler:
                 observer.member_event(f.index, "failed", {"error": f"error: {f.message}", "kind": "error"})
                 continue
             except RayError as exc:  # the actor's process or node is gone: replace it, retry the member
+                unqueue(worker)
                 release(worker, dead=True)
-                lost(pos, f"{type(exc).__name__}: {_first_line(exc)}")
+                if deadline == math.inf:  # it was queued, never started: not an attempt
+                    attempts[pos] -= 1
+                    queue.appendleft(pos)
+                else:
+                    lost(pos, f"{type(exc).__name__}: {_first_line(exc)}")
                 continue
             timing["get_s"] += time.perf_counter() - clock
             release(worker)
