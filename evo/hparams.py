@@ -141,9 +141,7 @@ def parse_hparam(name: str, raw: Any, default: HParam | None = None) -> HParam:
             if "value" not in merged:
                 raise HParamError("value: expected a starting value")
             if "choices" in raw and "kind" not in raw:
-                merged["kind"] = "choice"
-            elif default is not None and default.kind == "int" and "kind" not in raw:
-                merged["kind"] = "int"
+                merged["kind"] = "choice"  # (otherwise the default's kind came with `base`)
             if merged.get("choices") is not None:
                 merged["choices"] = tuple(merged["choices"])
             return HParam(**merged)
