@@ -45,8 +45,12 @@ def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, re
     if rc == 0 and out.exists():
         return json.loads(out.read_text())
     tail = log.read_text()[-2000:] if log.exists() else ""
-    return {"strategy": name, "seed": seed, "error": f"exit {rc} after {time.perf_counter() - t0:.0f} s", "log_tail": tail,
-            "steps_to_target": None, "seconds_to_target": None, "final_best": None, "curve": []}
+    failed = {"strategy": name, "seed": seed, "error": f"exit {rc} after {time.perf_counter() - t0:.0f} s", "log_tail": tail,
+              "steps_to_target": None, "seconds_to_target": None, "final_best": None, "curve": []}
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():  # what it measured before it stopped: kept, marked partial (final_best is not at the budget's end)
+        failed.update(json.loads(partial.read_text()))
+    return failed
 
 
 def ratios(report: dict[str, Any]) -> dict[str, Any]:

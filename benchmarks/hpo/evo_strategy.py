@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.hpo.common import Task, load, search_space
@@ -18,8 +19,9 @@ from evo.observer import RunObserver
 
 
 class CurveObserver(RunObserver):
-    def __init__(self, steps_per_generation: int) -> None:
+    def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None) -> None:
         self.steps_per_generation = steps_per_generation
+        self.on_point = on_point
         self.start = time.perf_counter()
         self.steps = 0
         self.curve: list[list[float]] = []
@@ -44,9 +46,11 @@ class CurveObserver(RunObserver):
             "fitness": [float(r["fitness"]) for r in board],
         })
         print(f"evo gen {generation}: steps {self.steps} t {now - self.start:.0f}s best {best:.1f}", flush=True)
+        if self.on_point is not None:
+            self.on_point(self.curve)
 
 
-def run(t: Task, seed: int, backend: str = "ray") -> dict[str, Any]:
+def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None) -> dict[str, Any]:
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
@@ -55,7 +59,7 @@ def run(t: Task, seed: int, backend: str = "ray") -> dict[str, Any]:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
         scheduler, context = start_backend(exp, backend)
         try:
-            observer = CurveObserver(t.steps_per_generation)  # the clock starts once the backend is up
+            observer = CurveObserver(t.steps_per_generation, on_point)  # the clock starts once the backend is up
             evolve(exp, store, scheduler, context, observer=observer)
         finally:
             scheduler.close()

@@ -15,17 +15,27 @@ from benchmarks.hpo.common import summarise, task
 STRATEGIES = ("evo", "random", "pbt", "agilerl", "pb2")  # the run order within a seed: PB2, the extra, last
 
 
-def run(name: str, seed: int, task_name: str, quick: bool) -> dict:
+def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None) -> dict:
+    """`partial`: a file rewritten with the curve so far at every curve point (evo, random, PBT, PB2),
+    so a run stopped before the end of its budget still leaves what it measured."""
     t = task(task_name, quick)
     load_before, t0 = os.getloadavg(), time.perf_counter()
+
+    def on_point(curve: list[list[float]]) -> None:
+        if partial:
+            record = {"strategy": name, "seed": seed, "partial": True, **summarise(curve, t.target), "curve": curve,
+                      "loadavg_before": list(load_before), "loadavg_now": list(os.getloadavg())}
+            with open(partial, "w") as fh:
+                json.dump(record, fh)
+
     if name == "evo":
         from benchmarks.hpo import evo_strategy
 
-        out = evo_strategy.run(t, seed)
+        out = evo_strategy.run(t, seed, on_point=on_point)
     elif name in ("random", "pbt", "pb2"):
         from benchmarks.hpo import tune_strategies
 
-        out = tune_strategies.run(t, seed, name)
+        out = tune_strategies.run(t, seed, name, on_point=on_point)
     elif name == "agilerl":
         from benchmarks.hpo import agilerl_peer
 
@@ -45,7 +55,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    result = run(args.strategy, args.seed, args.task, args.quick)
+    result = run(args.strategy, args.seed, args.task, args.quick, partial=args.out + ".partial")
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2, default=str)
 

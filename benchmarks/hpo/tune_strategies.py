@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,8 @@ class MemberTrainable(tune.Trainable):
 class CurveRecorder(tune.Callback):
     """Driver-side: every result of every trial, in arrival order, as a population curve."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, on_point: Callable[[list], None] | None = None) -> None:
+        self.on_point = on_point
         self.start = time.perf_counter()
         self.latest: dict[str, float] = {}
         self.steps_total = 0
@@ -113,6 +115,8 @@ class CurveRecorder(tune.Callback):
         self.results.append({"trial": trial.trial_id, "iteration": result.get("training_iteration"),
                              "fitness": result["fitness"], "train_s": round(result["train_s"], 2),
                              "eval_s": round(result["eval_s"], 2), "hparams": result["hparams_used"], "t": now})
+        if self.on_point is not None:
+            self.on_point(self.curve)
 
 
 def _domain(hp: Any) -> Any:
@@ -121,7 +125,7 @@ def _domain(hp: Any) -> Any:
     return tune.loguniform(hp.min, hp.max) if hp.scale == "log" else tune.uniform(hp.min, hp.max)
 
 
-def run(t: Task, seed: int, strategy: str) -> dict[str, Any]:
+def run(t: Task, seed: int, strategy: str, on_point: Callable[[list], None] | None = None) -> dict[str, Any]:
     from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
     from evo.rng import member_seed
@@ -165,7 +169,7 @@ def run(t: Task, seed: int, strategy: str) -> dict[str, Any]:
     init_ray(None, num_cpus=2)  # a local Ray of our own that dies with this process (evo.scheduler.cluster)
     import ray
 
-    recorder = CurveRecorder(t.steps_per_generation)
+    recorder = CurveRecorder(t.steps_per_generation, on_point)
     with tempfile.TemporaryDirectory(prefix="tune-hpo-") as storage:
         tuner = tune.Tuner(
             tune.with_resources(MemberTrainable, {"cpu": TRIAL_CPUS}),
