@@ -173,7 +173,7 @@ def test_member_views_commit_as_into_one_store():
 
 
 # ---------------------------------------------------------------- a shard killed, restored from the driver's snapshot
-def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path):
+def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path, monkeypatch):
     ray = ray_cluster
     s = ShardedReplay.start(SCHEMA, 2, capacity=400, sampler="prioritized", seed=6, max_restarts=1)
     try:
@@ -206,6 +206,23 @@ def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path
         np.testing.assert_array_equal(a.keys, b.keys)
         np.testing.assert_array_equal(a.weights, b.weights)
         assert_batches_equal(s.get(keys), rows(150, seed=1))
+        # the run store's seam: it asks the shards for their arrays and writes the files itself
+        from evo.replay import snapshot
+        from evo.runstore import RunStore
+
+        written = []
+        write = snapshot._write_array
+        monkeypatch.setattr(snapshot, "_write_array", lambda p, a: (written.append(p), write(p, a)))
+        run = RunStore.create(tmp_path / "runs", "r", "", {})
+        try:
+            at3 = s.stats()
+            run.snapshot_replay(s, 3)
+            assert any("shard001." in os.path.basename(p) for p in written)  # written here, by this process
+            assert (run.path / "replay" / "g0003").is_dir()
+            s.insert(rows(5, seed=3))
+            assert run.restore_replay(s, 3) and s.stats() == at3
+        finally:
+            run.close()
     finally:
         s.stop()
 
