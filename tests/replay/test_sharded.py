@@ -254,3 +254,22 @@ def test_efficientzero_run_on_ray_with_two_replay_shards(tmp_path):
     episodes = [set(arrays[f"shard{i:03d}.col.episode"][arrays[f"shard{i:03d}.live"]].tolist()) for i in range(2)]
     assert all(episodes) and not episodes[0] & episodes[1]  # trajectories whole on one shard each
     assert {e >> 40 for e in episodes[0] | episodes[1]} >= {0, 1}  # both founders wrote
+
+
+def test_the_replay_table_reaches_the_spec_and_inline_keeps_one_store():
+    import dataclasses
+
+    import tomllib
+
+    from evo.replay import ReplaySpec, build_replay
+    from evo.spec import parse_experiment
+
+    data = tomllib.loads(open(os.path.join(REPO, "experiments", "cartpole_efficientzero.toml")).read())
+    assert parse_experiment(data).replay.shards == 1  # the default: one replay actor
+    data["replay"] = {"shards": 3, "spread": True}
+    exp = parse_experiment(data)
+    assert (exp.replay.shards, exp.replay.spread) == (3, True)
+    spec = dataclasses.replace(ReplaySpec(SCHEMA, capacity=64), shards=exp.replay.shards)
+    with pytest.warns(UserWarning, match="inline backend keeps one in-process store"):
+        store = build_replay(spec, seed=0, distributed=False)
+    assert isinstance(store, ReplayStore)
