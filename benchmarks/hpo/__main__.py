@@ -29,13 +29,22 @@ from benchmarks.hpo.strategy import STRATEGIES
 REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")
 
 
-def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, reuse: bool = False) -> dict[str, Any]:
+def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, reuse: bool = False,
+            collect_only: bool = False) -> dict[str, Any]:
     """One strategy × seed in a subprocess; a failure is recorded (with its log's tail), not raised.
-    `reuse`: a result this (seed, strategy) already left in `log_dir` is read instead of run again."""
+    `reuse`: a result this (seed, strategy) already left in `log_dir` is read instead of run again;
+    `collect_only`: nothing is run — a missing result is reported "not run", a partial one as partial."""
     out = log_dir / f"{name}_{seed}.json"
     log = log_dir / f"{name}_{seed}.log"
     if reuse and out.exists():
         return {**json.loads(out.read_text()), "reused_from": str(out)}
+    if collect_only:
+        partial = out.with_name(out.name + ".partial")
+        if partial.exists():
+            return {**json.loads(partial.read_text()), "reused_from": str(partial),
+                    "error": "stopped before the end of its budget (partial curve)"}
+        return {"strategy": name, "seed": seed, "error": "not run", "steps_to_target": None, "seconds_to_target": None,
+                "final_best": None, "curve": []}
     cmd = [sys.executable, "-m", "benchmarks.hpo.strategy", "--strategy", name, "--seed", str(seed),
            "--task", task_name, "--out", str(out), *(["--quick"] if quick else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -90,6 +99,8 @@ def main() -> None:
     parser.add_argument("--logs", default=None, help="keep each run's log and JSON here (default: a temporary dir)")
     parser.add_argument("--reuse", action="store_true",
                         help="continue an interrupted benchmark: read the results already in --logs instead of rerunning")
+    parser.add_argument("--collect", action="store_true",
+                        help="run nothing: write the report from the results (and partial curves) in --logs")
     args = parser.parse_args()
     t = task(args.task, args.quick)
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
@@ -106,12 +117,15 @@ def main() -> None:
         "strategies": {n: [] for n in names},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if (args.reuse or args.collect) and not args.logs:
+        parser.error("--reuse and --collect read the results in --logs DIR; give it")
     log_dir = Path(args.logs or tempfile.mkdtemp(prefix="hpo-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for seed in seeds:
         for name in names:  # interleaved: every strategy of seed 0, then seed 1, ...
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.1f})", flush=True)
-            result = run_one(name, seed, args.task, args.quick, log_dir, reuse=args.reuse)
+            result = run_one(name, seed, args.task, args.quick, log_dir, reuse=args.reuse or args.collect,
+                             collect_only=args.collect)
             report["strategies"][name].append(result)
             print(f"    steps_to_target {result['steps_to_target']} seconds_to_target {result['seconds_to_target']} "
                   f"final_best {result['final_best']}" + (f" ERROR {result['error']}" if "error" in result else ""),
