@@ -151,3 +151,167 @@ def test_apply_mutation_records_kind_and_is_seeded() -> None:
     assert records[0] == records[1]
     assert {r.kind for r in records[0]} <= set(MUTATIONS)
     json.dumps([r.to_json() for r in records[0]])
+
+
+# ---- pieces the mutation tests above do not pin down -------------------------------------------------
+
+def test_an_unknown_activation_is_refused_with_the_known_ones() -> None:
+    from evo.evolvable import make_activation
+
+    with pytest.raises(ValueError, match=r"^activation: expected one of \['ELU', .*\], found 'Swish'$"):
+        make_activation("Swish")
+
+
+def test_arch_reports_the_current_shape() -> None:
+    net, _ = _net()
+    net.widen_trunk(4)
+    net.add_block(2, 5)
+    net.set_activation("GELU")
+    assert net.arch() == {"width": 16, "blocks": [10, 14, 5], "activation": "GELU"}
+    assert net.fc_in.out_features == 16 and net.blocks[2].fc1.in_features == 16 and net.fc_out.in_features == 16
+
+
+def test_a_seeded_build_leaves_the_global_torch_stream_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    EvolvableMLP(5, 3, 8, [8], generator=torch.Generator().manual_seed(0))
+    assert torch.equal(torch.rand(3), expected)
+    a = EvolvableMLP(5, 3, 8, [8], generator=torch.Generator().manual_seed(4))
+    b = EvolvableMLP(5, 3, 8, [8], generator=torch.Generator().manual_seed(4))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_new_units_get_pytorch_default_scale_from_the_generator() -> None:
+    net, _ = _net()
+    net.widen_block(0, 200, torch.Generator().manual_seed(5))
+    new_rows = net.blocks[0].fc1.weight[10:].detach()
+    bound = 1 / 12 ** 0.5  # fan-in = trunk width
+    assert new_rows.abs().max() <= bound and new_rows.abs().max() > 0.9 * bound
+    twin, _ = _net()
+    twin.widen_block(0, 200, torch.Generator().manual_seed(5))
+    assert torch.equal(twin.blocks[0].fc1.weight, net.blocks[0].fc1.weight)
+
+
+def test_narrowing_keeps_the_units_with_the_largest_outgoing_weights() -> None:
+    net, x = _net()
+    block = net.blocks[0]
+    with torch.no_grad():
+        block.fc2.weight.mul_(0.01)
+        block.fc2.weight[:, [1, 4, 7]] *= 1000.0  # the three units that matter, kept in their order
+    w1 = block.fc1.weight.detach()[[1, 4, 7]].clone()
+    net.narrow_block(0, 7)
+    assert net.block_sizes[0] == 3 and torch.equal(net.blocks[0].fc1.weight, w1)
+
+
+def test_mutate_adds_blocks_of_the_trunk_width_clipped_to_the_hidden_bounds() -> None:
+    net, _ = _net()  # width 12
+    rng = np.random.default_rng(0)
+    _, record = net.mutate(rng, 1.0, {"min_blocks": 2, "max_blocks": 3, "min_hidden": 20, "max_hidden": 40})
+    assert record.op == "add_block" and record.details["hidden"] == 20 and record.function_preserving
+    assert record.changes == {"blocks": [2, 3]} and net.block_sizes[record.details["position"]] == 20
+
+
+def test_mutate_removes_the_block_that_contributes_least() -> None:
+    net, x = _net()
+    with torch.no_grad():
+        net.blocks[1].fc2.weight.mul_(1e-3)
+    _, record = net.mutate(np.random.default_rng(0), 1.0, {"min_blocks": 0, "max_blocks": 2})  # at max: remove
+    assert record.op == "remove_block" and record.details == {"position": 1} and record.function_preserving is False
+    assert net.block_sizes == [10]
+    net.add_block(0, 4)  # a fresh block has a zero branch: removing it is exact, and says so
+    before = net(x).detach()
+    _, record = net.mutate(np.random.default_rng(0), 1.0, {"min_blocks": 0, "max_blocks": 2})
+    assert record.details == {"position": 0} and record.function_preserving is True
+    assert torch.equal(net(x), before)
+
+
+def test_mutate_grows_twice_as_often_as_it_shrinks() -> None:
+    rng = np.random.default_rng(0)
+    ops = []
+    for _ in range(600):
+        net, _ = _net()
+        ops.append(net.mutate(rng, 1.0, {"min_blocks": 0, "max_blocks": 4})[1].op)
+    assert abs(ops.count("add_block") / len(ops) - 2 / 3) < 0.05
+
+
+@pytest.mark.parametrize("new_layer_prob, ops", [(0.0, {"widen_trunk", "widen_block", "narrow_block"}),
+                                                 (1.0, {"add_block", "remove_block"})])
+def test_new_layer_probability_picks_layer_or_node_mutations(new_layer_prob, ops) -> None:
+    rng = np.random.default_rng(1)
+    net, _ = _net()
+    seen = {net.mutate(rng, new_layer_prob, {"min_blocks": 1, "max_blocks": 3})[1].op for _ in range(40)}
+    assert seen <= ops and len(seen) >= 2
+
+
+def test_mutate_at_its_bounds_changes_nothing_and_says_why() -> None:
+    net, x = _net()  # width 12, blocks [10, 14]
+    before = net(x).detach()
+    change, record = net.mutate(np.random.default_rng(0), 1.0, {"min_blocks": 2, "max_blocks": 2})
+    assert record.details == {"reason": "block count at its bounds"} and not (change.added or change.removed)
+    bounds = {"max_width": 12, "min_hidden": 11, "max_hidden": 13, "node_step": 4}
+    change, record = net.mutate(np.random.default_rng(0), 0.0, bounds)
+    assert record.details == {"reason": "widths at their bounds"} and not change.resized
+    assert torch.equal(net(x), before)
+
+
+def test_a_step_that_lands_exactly_on_a_bound_is_allowed() -> None:
+    """widen when width + step == max_width or hidden + step == max_hidden; narrow when hidden - step == min_hidden."""
+    seen = set()
+    for seed in range(30):
+        net, _ = _net()  # width 12, blocks [10, 14]
+        _, record = net.mutate(np.random.default_rng(seed), 0.0,
+                               {"max_width": 16, "min_hidden": 10, "max_hidden": 14, "node_step": 4})
+        seen.add((record.op, json.dumps(record.changes)))
+    assert seen == {("widen_trunk", '{"width": [12, 16]}'), ("narrow_block", '{"block1.hidden": [14, 10]}'),
+                    ("widen_block", '{"block0.hidden": [10, 14]}')}
+
+
+def test_optimizer_state_by_name_restores_into_a_rebuilt_module() -> None:
+    from evo.evolvable import load_optimizer_state, optimizer_state
+
+    net, x = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2, betas=(0.8, 0.9))
+    net(x).pow(2).mean().backward()
+    opt.step()
+    remap_optimizer(opt, net.add_block(0, 6))  # parameter order now differs from a fresh build's
+    saved = json.loads(json.dumps({"groups": optimizer_state(opt, net)["groups"]}))["groups"]
+    assert saved[0]["betas"] == [0.8, 0.9]  # JSON-able
+    state = optimizer_state(opt, net)
+    rebuilt = EvolvableMLP(5, 3, 12, net.block_sizes, "Tanh")
+    rebuilt.load_state_dict(net.state_dict())
+    opt2 = torch.optim.Adam(rebuilt.parameters(), lr=1.0)
+    load_optimizer_state(opt2, rebuilt, state)
+    assert opt2.param_groups[0]["lr"] == 1e-2 and opt2.param_groups[0]["betas"] == (0.8, 0.9)
+    for name, p in net.named_parameters():
+        q = dict(rebuilt.named_parameters())[name]
+        assert set(opt.state[p]) == set(opt2.state[q])
+        for key, value in opt.state[p].items():
+            assert torch.equal(opt2.state[q][key], value) and opt2.state[q][key] is not value
+    with pytest.raises(ValueError, match=r"parameter 'blocks\.9\.fc1\.weight' is not in the module"):
+        load_optimizer_state(opt2, rebuilt, {"groups": state["groups"], "state": {"blocks.9.fc1.weight": {}}})
+
+
+def test_remap_moves_added_parameters_into_the_chosen_group_and_drops_removed_state() -> None:
+    net, x = _net()
+    head = list(net.fc_out.parameters())
+    opt = torch.optim.Adam([{"params": [p for p in net.parameters() if all(p is not h for h in head)]},
+                            {"params": head, "lr": 0.5}], lr=1e-2)
+    net(x).pow(2).mean().backward()
+    opt.step()
+    removed = list(net.blocks[0].parameters())
+    remap_optimizer(opt, net.remove_block(0))
+    assert not any(p in opt.state for p in removed)
+    assert not any(p is r for g in opt.param_groups for p in g["params"] for r in removed)
+    added = net.add_block(0, 4)
+    remap_optimizer(opt, added, group=1)
+    assert all(any(p is a for p in opt.param_groups[1]["params"]) for a in added.added)
+    assert not any(a in opt.state for a in added.added)  # fresh state: Adam makes it on the next step
+
+
+def test_a_resized_parameter_without_state_stays_without() -> None:
+    net, _ = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)  # never stepped: no state yet
+    remap_optimizer(opt, net.widen_block(0, 4))
+    assert len(opt.state) == 0
+    assert any(p is net.blocks[0].fc1.weight for p in opt.param_groups[0]["params"])
