@@ -175,6 +175,26 @@ def test_quarter_gpu_members_pack_four_on_one_logical_gpu(cluster: _Cluster) -> 
         scheduler.close()
 
 
+def test_a_prefetched_member_s_timeout_starts_when_it_does(cluster: _Cluster) -> None:
+    """One actor, two members of 2 s each, timeout 3.5 s: the second is queued behind the first at
+    once (prefetch), and would time out if its clock started then; it starts when the first ends."""
+    from evo.agent import AgentContext
+
+    exp, _ = toy_experiment("prefetch", {"num_workers": 1, "cpus_per_member": 1, "timeout_s": 3.5},
+                            task={"train_sleep_s": 2.0})
+    scheduler, context = start_backend(exp, "ray", cluster.address)
+    try:
+        assert scheduler.prefetch == 2
+        agents = [exp.agent_class.create(exp.arch, {k: v.value for k, v in exp.hparam_space.items()}, i, i,
+                                         AgentContext(task=exp.task)) for i in range(2)]
+        results = scheduler.run_generation(agents, 5)
+    finally:
+        scheduler.close()
+    assert [r.failure for r in results] == [None, None]
+    (pid, _, first_end), (pid2, second_start, _) = (scheduler.last_timing["spans"][i] for i in (0, 1))
+    assert pid == pid2 and second_start >= first_end
+
+
 class _RemoveANodeMidTraining(RunObserver):
     """When generation 0's members are training, remove the worker node running one of them."""
 
