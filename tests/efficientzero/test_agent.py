@@ -161,10 +161,25 @@ def test_validation_errors_name_the_field():
         make(hp={"bogus": 1})
 
 
-def test_reanalyse_policy_targets():
+def test_reanalyse_replaces_the_policy_targets_of_that_share_of_windows():
+    """reanalyse_ratio 0.5 of 8 windows: exactly 4 get the target network's fresh search as their policy
+    targets (at positions inside their trajectory); the other 4 keep the stored self-play policies."""
+    from agents.efficientzero import learner
+
     a = make(hp={"reanalyse_ratio": 0.5})
-    metrics = a.train(60)
-    assert np.isfinite(metrics["loss_policy"])
+    assert np.isfinite(a.train(60)["loss_policy"])  # trains with it
+    hp = {**a.hparams, "batch_size": 8}
+    seq = learner.sample_windows(a.replay, hp)
+    boot = learner.bootstrap_values(a.target_model, learner.window_obs(seq))
+    stored = learner.batch_from_windows(seq, boot, a.target_model, {**hp, "reanalyse_ratio": 0.0}, None)
+    fresh = learner.batch_from_windows(seq, boot, a.target_model, hp, np.random.default_rng(0))
+    old, new = stored.tensors["policy_target"], fresh.tensors["policy_target"]
+    valid = stored.tensors["valid"].bool()
+    changed = [(old[b][valid[b]] != new[b][valid[b]]).any().item() for b in range(8)]
+    assert sum(changed) == 4, changed
+    for b in range(8):
+        assert torch.equal(old[b][~valid[b]], new[b][~valid[b]])  # past a trajectory's end: untouched
+        assert changed[b] or torch.equal(old[b], new[b])
 
 
 def test_conv_variant_on_tiny_image_env():
