@@ -1,7 +1,7 @@
 """What a sharded store adds to the contract suite (tests/replay/test_contract.py runs that against
 3 shards): routing stable across processes, the sampling distribution of one big store, per-shard
-capacity and limiter, member views committed as into one store, and a killed shard actor brought
-back from a snapshot the driver wrote."""
+capacity and limiter, member views committed as into one store. (A killed shard actor brought back
+from a snapshot the driver wrote: tests/replay/test_service.py, which has a Ray cluster up already.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayStore
 from evo.replay.sharded import ShardedReplay, route
 from evo.replay.view import MemberView, commit_views
-from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, assert_batches_equal, rows, trajectory
+from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, rows, trajectory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -170,61 +169,6 @@ def test_member_views_commit_as_into_one_store():
     seq = sharded.sample_sequences(32, 5)  # windows within a trajectory, as one store links them
     steps = seq.data["step"]
     assert ((np.diff(steps, axis=1) == 1) | ~seq.mask[:, 1:]).all()
-
-
-# ---------------------------------------------------------------- a shard killed, restored from the driver's snapshot
-def test_killed_shard_comes_back_from_the_drivers_snapshot(ray_cluster, tmp_path, monkeypatch):
-    ray = ray_cluster
-    s = ShardedReplay.start(SCHEMA, 2, capacity=400, sampler="prioritized", seed=6, max_restarts=1)
-    try:
-        keys = s.insert(rows(150, seed=1))
-        s.update_priorities(keys[:40], np.linspace(0.1, 4.0, 40))
-        path = s.snapshot(tmp_path / "snaps")  # written here, by the caller: the actors return arrays
-        assert os.path.isfile(os.path.join(path, "COMPLETE"))
-        stats, before = s.stats(), s.view_basis()
-        s.insert(rows(20, seed=2))  # after the snapshot
-        victim = s.actors[1]
-        pid = ray.get(victim.info.remote())["pid"]
-        ray.kill(victim, no_restart=False)
-        deadline = time.time() + 90
-        while True:  # the restarted actor is a fresh, empty shard
-            try:
-                if ray.get(victim.info.remote(), timeout=10)["pid"] != pid:
-                    break
-            except Exception:
-                pass
-            assert time.time() < deadline, "shard actor did not restart"
-            time.sleep(0.2)
-        assert len(s) < 170
-        assert s.load_snapshot(tmp_path / "snaps") == path
-        assert s.stats() == stats and s.contains(keys).all()
-        after = s.view_basis()
-        assert after.mass == pytest.approx(before.mass) and after.max_priority == before.max_priority
-        # the restored store samples exactly as the same snapshot restored in process
-        local = ShardedReplay.restore(tmp_path / "snaps", in_process=True)
-        a, b = s.sample(64), local.sample(64)
-        np.testing.assert_array_equal(a.keys, b.keys)
-        np.testing.assert_array_equal(a.weights, b.weights)
-        assert_batches_equal(s.get(keys), rows(150, seed=1))
-        # the run store's seam: it asks the shards for their arrays and writes the files itself
-        from evo.replay import snapshot
-        from evo.runstore import RunStore
-
-        written = []
-        write = snapshot._write_array
-        monkeypatch.setattr(snapshot, "_write_array", lambda p, a: (written.append(p), write(p, a)))
-        run = RunStore.create(tmp_path / "runs", "r", "", {})
-        try:
-            at3 = s.stats()
-            run.snapshot_replay(s, 3)
-            assert any("shard001." in os.path.basename(p) for p in written)  # written here, by this process
-            assert (run.path / "replay" / "g0003").is_dir()
-            s.insert(rows(5, seed=3))
-            assert run.restore_replay(s, 3) and s.stats() == at3
-        finally:
-            run.close()
-    finally:
-        s.stop()
 
 
 # ---------------------------------------------------------------- a real run on Ray with [replay] shards = 2
