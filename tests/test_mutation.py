@@ -124,9 +124,9 @@ def test_an_agent_that_refuses_an_activation_keeps_its_own_record() -> None:
 def test_a_mutation_that_returns_no_record_is_an_error_naming_the_agent_and_kind() -> None:
     class Careless(ToyAgent):
         def mutate_architecture(self, rng, new_layer_prob):
-            return None
+            return {"op": "add_block"}  # a record's JSON, not a record
 
     hp = {k: v.value for k, v in SPACE.items()}
     agent = Careless.create(ToyAgent.default_arch(), hp, 3, 0, AgentContext(task=ToyAgent.validate_task({})))
-    with pytest.raises(TypeError, match="^Careless: a architecture mutation must return a MutationRecord, found NoneType$"):
+    with pytest.raises(TypeError, match="^Careless: a architecture mutation must return a MutationRecord, found dict$"):
         apply_mutation(agent, MutationSpec(**ONLY["architecture"]), SPACE, np.random.default_rng(0))
