@@ -39,6 +39,9 @@ class _Cluster:
         self.runs = runs
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "include_dashboard": False, "object_store_memory": 100 * 1024**2})
+        # Cluster() records its address in /tmp/ray/ray_current_cluster "for convenience": every plain
+        # ray.init() on this machine would then join it (or refuse num_cpus). Forget it: we pass the address
+        ray._common.utils.reset_ray_address()
         self.node_a = self.cluster.add_node(num_cpus=2, num_gpus=1, object_store_memory=80 * 1024**2)
         self.node_b = self.cluster.add_node(num_cpus=2, object_store_memory=80 * 1024**2)
         self.cluster.wait_for_nodes()
