@@ -10,7 +10,7 @@ from evo.agent import AgentContext
 from evo.evolvable import ACTIVATIONS, EvolvableMLP, remap_optimizer
 from evo.mutation import MUTATIONS, apply_mutation
 from evo.spec import MutationSpec
-from tests.optimizer_carry import OptimizerSnapshot
+from tests.optimizer_carry import OptimizerSnapshot, clear_optimizer_state, zero_second_moments
 from tests.toy_agent import ToyAgent
 
 
@@ -76,6 +76,25 @@ def test_adam_state_survives_architecture_changes(op: str) -> None:
     opt.zero_grad()
     net(x).pow(2).mean().backward()
     opt.step()  # still a working optimizer
+
+
+@pytest.mark.parametrize("mutant", [clear_optimizer_state, zero_second_moments])
+@pytest.mark.parametrize("op", ["add_block", "widen_trunk", "narrow_block"])
+def test_the_check_catches_a_restarted_optimizer(op: str, mutant) -> None:
+    """The check above fails when the optimizer is rebuilt (AgileRL's way) or its second moments restart."""
+    from types import SimpleNamespace
+
+    net, x = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        opt.step()
+    before = OptimizerSnapshot.take([net], opt)
+    remap_optimizer(opt, _OPS[op](net))
+    mutant(SimpleNamespace(optimizers=lambda: [opt]))
+    with pytest.raises(AssertionError, match="^(kept|resized) "):
+        before.assert_carried([net], opt)
 
 
 def test_resized_moments_sit_on_the_old_units() -> None:
