@@ -63,7 +63,8 @@ class _ReplayActor:
                 except RateLimited as exc:
                     left = deadline - time.monotonic()
                     if not exc.retryable or left <= 0:
-                        raise RateLimited(f"{exc} (waited {timeout:g}s in the replay service)", exc.retryable) from None
+                        waited = f" (waited {timeout:g}s in the replay service)" if timeout > 0 else ""  # 0: in process
+                        raise RateLimited(f"{exc}{waited}", exc.retryable) from None
                     self._cond.wait(left)
                     continue
                 self._cond.notify_all()
