@@ -200,3 +200,40 @@ def test_saving_again_replaces_the_checkpoint_and_leaves_no_temporary_files(tmp_
     digest = save_state(tmp_path / "c", {"w": torch.zeros(3)})
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["state.json", "tensors.safetensors"]
     assert torch.equal(load_state(tmp_path / "c", expect_digest=digest)[0]["w"], torch.zeros(3))
+
+
+def test_a_bare_list_of_tensors_keeps_each_tensor(tmp_path) -> None:
+    save_state(tmp_path / "c", [torch.zeros(2), torch.ones(2)])
+    first, second = load_state(tmp_path / "c")[0]
+    assert torch.equal(first, torch.zeros(2)) and torch.equal(second, torch.ones(2))
+
+
+def test_refusals_at_the_root_and_nested_say_where_and_what_is_allowed(tmp_path) -> None:
+    with pytest.raises(TypeError, match="^state key 3 at <root>: expected str keys$"):
+        save_state(tmp_path / "c", {3: 1.0})
+    with pytest.raises(TypeError) as exc:
+        save_state(tmp_path / "c", {"a": [b"bytes"]})
+    assert str(exc.value) == "state value at a.0: cannot store a bytes (tensors, arrays and JSON scalars only)"
+
+
+def test_saving_creates_missing_parent_directories(tmp_path) -> None:
+    digest = save_state(tmp_path / "run" / "checkpoints" / "g0001" / "m00003", {"w": torch.ones(1)})
+    assert load_state(tmp_path / "run" / "checkpoints" / "g0001" / "m00003", expect_digest=digest)[1] == {}
+
+
+def test_reformatted_json_is_not_damage(tmp_path) -> None:
+    """The digest covers the content, not the bytes: another key order or indentation is accepted."""
+    digest = save_state(tmp_path / "c", {"w": torch.ones(2), "lr": 0.1, "z": {"b": 1, "a": 2}})
+    f = tmp_path / "c" / "state.json"
+    doc = json.loads(f.read_text())
+    doc["body"] = dict(reversed(list(doc["body"].items())))
+    f.write_text(json.dumps(doc, indent=2))
+    assert load_state(tmp_path / "c", expect_digest=digest)[0]["lr"] == 0.1
+
+
+def test_a_digest_mismatch_names_both_digests(tmp_path) -> None:
+    digest = save_state(tmp_path / "c", {"w": torch.ones(2)})
+    with pytest.raises(CheckpointError) as exc:
+        load_state(tmp_path / "c", expect_digest="ab" * 32)
+    assert str(exc.value) == (f"{tmp_path / 'c'}: checkpoint digest {digest[:12]}… is not the one the run store "
+                              f"recorded ({'ab' * 6}…)")
