@@ -121,6 +121,8 @@ def main() -> None:
         parser.error("--reuse and --collect read the results in --logs DIR; give it")
     log_dir = Path(args.logs or tempfile.mkdtemp(prefix="hpo-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    if args.collect:  # the machine block then describes the moment of collection; each run has its own load averages
+        report["collected_from"] = str(log_dir)
     for seed in seeds:
         for name in names:  # interleaved: every strategy of seed 0, then seed 1, ...
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.1f})", flush=True)
