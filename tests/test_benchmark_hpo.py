@@ -37,6 +37,28 @@ def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     assert summarise(curve[:1], 475)["steps_to_target"] is None
 
 
+def test_tune_curve_takes_a_point_per_round_of_all_trials():
+    pytest.importorskip("ray.tune")
+    from types import SimpleNamespace
+
+    from benchmarks.hpo.tune_strategies import CurveRecorder
+
+    rec = CurveRecorder(steps=10, population=2)
+    a, b = SimpleNamespace(trial_id="a"), SimpleNamespace(trial_id="b")
+
+    def report(trial, fitness):
+        rec.on_trial_result(0, [], trial, {"steps_trained": 10, "fitness": fitness, "train_s": 0.0, "eval_s": 0.0,
+                                           "hparams_used": {}})
+
+    report(a, 5.0)
+    report(a, 7.0)           # b's first iteration still in flight: no point yet
+    assert rec.curve == []
+    report(b, 1.0)
+    assert [p[0] for p in rec.curve] == [30] and rec.curve[0][2] == 7.0
+    report(b, 9.0)
+    assert [p[0] for p in rec.curve] == [30, 40] and rec.curve[-1][2] == 9.0
+
+
 def test_unknown_task_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="cartpole"):
         task("pong", quick=True)

@@ -96,12 +96,19 @@ class MemberTrainable(tune.Trainable):
 
 
 class CurveRecorder(tune.Callback):
-    """Driver-side: every result of every trial, in arrival order, as a population curve."""
+    """Driver-side: every result of every trial, and the population curve.
 
-    def __init__(self, steps: int, on_point: Callable[[list], None] | None = None) -> None:
+    A curve point is taken when every trial has reported one more result (a "round", the Tune
+    counterpart of an evo generation): steps = all steps the trials have reported so far, best = the
+    best of each trial's latest evaluation. A point per single result would count one trial's steps
+    while the others' steps in flight went uncounted, which favours Tune in steps to target."""
+
+    def __init__(self, steps: int, population: int, on_point: Callable[[list], None] | None = None) -> None:
         self.on_point = on_point
+        self.population = population
         self.start = time.perf_counter()
         self.latest: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
         self.steps_total = 0
         self.curve: list[list[float]] = []
         self.results: list[dict[str, Any]] = []
@@ -109,14 +116,16 @@ class CurveRecorder(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self.steps_total += int(result["steps_trained"])
         self.latest[trial.trial_id] = float(result["fitness"])
+        self.counts[trial.trial_id] = self.counts.get(trial.trial_id, 0) + 1
         now = round(time.perf_counter() - self.start, 2)
-        # best = the best member's latest evaluation, over the members trained so far
-        self.curve.append([self.steps_total, now, max(self.latest.values())])
         self.results.append({"trial": trial.trial_id, "iteration": result.get("training_iteration"),
                              "fitness": result["fitness"], "train_s": round(result["train_s"], 2),
                              "eval_s": round(result["eval_s"], 2), "hparams": result["hparams_used"], "t": now})
-        if self.on_point is not None:
-            self.on_point(self.curve)
+        rounds = min(self.counts.values()) if len(self.counts) == self.population else 0
+        if rounds > len(self.curve):
+            self.curve.append([self.steps_total, now, max(self.latest.values())])
+            if self.on_point is not None:
+                self.on_point(self.curve)
 
 
 def _domain(hp: Any) -> Any:
@@ -169,7 +178,7 @@ def run(t: Task, seed: int, strategy: str, on_point: Callable[[list], None] | No
     init_ray(None, num_cpus=2)  # a local Ray of our own that dies with this process (evo.scheduler.cluster)
     import ray
 
-    recorder = CurveRecorder(t.steps_per_generation, on_point)
+    recorder = CurveRecorder(t.steps_per_generation, t.population, on_point)
     with tempfile.TemporaryDirectory(prefix="tune-hpo-") as storage:
         tuner = tune.Tuner(
             tune.with_resources(MemberTrainable, {"cpu": TRIAL_CPUS}),
