@@ -334,3 +334,41 @@ def test_a_resized_parameter_without_state_stays_without() -> None:
     remap_optimizer(opt, net.widen_block(0, 4))
     assert len(opt.state) == 0
     assert any(p is net.blocks[0].fc1.weight for p in opt.param_groups[0]["params"])
+
+
+def test_a_seeded_build_depends_on_its_generator_only() -> None:
+    torch.manual_seed(1)
+    a = EvolvableMLP(5, 3, 8, [8], generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(2)
+    b = EvolvableMLP(5, 3, 8, [8], generator=torch.Generator().manual_seed(4))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_saved_optimizer_state_is_a_copy_with_json_groups() -> None:
+    from evo.evolvable import load_optimizer_state, optimizer_state
+
+    net, x = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2, betas=(0.8, 0.9))
+    for _ in range(2):
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        opt.step()
+    saved = optimizer_state(opt, net)
+    assert saved["groups"][0]["betas"] == [0.8, 0.9] and isinstance(saved["groups"][0]["betas"], list)
+    frozen = {n: {k: v.clone() for k, v in st.items()} for n, st in saved["state"].items()}
+    opt.zero_grad()
+    net(x).pow(2).mean().backward()
+    opt.step()  # training on must not reach into what was saved
+    for name, st in saved["state"].items():
+        assert all(torch.equal(v, frozen[name][k]) for k, v in st.items()), name
+    opt2 = torch.optim.Adam(net.parameters(), lr=1.0)
+    load_optimizer_state(opt2, net, saved)
+    name, p = next(iter(net.named_parameters()))
+    assert all(opt2.state[p][k] is not v for k, v in saved["state"][name].items())  # loading copies too
+
+
+def test_removing_parameters_that_never_had_state_is_fine() -> None:
+    net, _ = _net()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)  # never stepped
+    remap_optimizer(opt, net.remove_block(0))
+    assert len(opt.param_groups[0]["params"]) == len(list(net.parameters()))
