@@ -59,15 +59,21 @@ _OPS = {
 }
 
 
+def _adam_after_steps(net: torch.nn.Module, x: torch.Tensor, steps: int) -> torch.optim.Adam:
+    """An Adam optimizer of `net` with `steps` steps taken (so every parameter has state to carry)."""
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        net(x).pow(2).mean().backward()
+        opt.step()
+    return opt
+
+
 @pytest.mark.parametrize("op", sorted(_OPS))
 def test_adam_state_survives_architecture_changes(op: str) -> None:
     """exp_avg, exp_avg_sq and step of every surviving tensor, and of every resized one on its overlap."""
     net, x = _net()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    for _ in range(3):
-        opt.zero_grad()
-        net(x).pow(2).mean().backward()
-        opt.step()
+    opt = _adam_after_steps(net, x, 3)
     before = OptimizerSnapshot.take([net], opt)
     remap_optimizer(opt, _OPS[op](net))
     counts = before.assert_carried([net], opt)
@@ -85,11 +91,7 @@ def test_the_check_catches_a_restarted_optimizer(op: str, mutant) -> None:
     from types import SimpleNamespace
 
     net, x = _net()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    for _ in range(2):
-        opt.zero_grad()
-        net(x).pow(2).mean().backward()
-        opt.step()
+    opt = _adam_after_steps(net, x, 2)
     before = OptimizerSnapshot.take([net], opt)
     remap_optimizer(opt, _OPS[op](net))
     mutant(SimpleNamespace(optimizers=lambda: [opt]))
