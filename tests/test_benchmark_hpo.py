@@ -38,7 +38,7 @@ def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
 
 
 def test_tune_curve_takes_a_point_per_round_of_all_trials():
-    pytest.importorskip("ray.tune")
+    pytest.importorskip("ray.tune", reason="the bench extra (ray[tune]) is not installed", exc_type=ImportError)
     from types import SimpleNamespace
 
     from benchmarks.hpo.tune_strategies import CurveRecorder
@@ -85,7 +85,7 @@ def check_report_schema(report: dict, budget_steps: bool = True) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # five strategies' quick runs: ~10 minutes idle, 20+ on a loaded 2-core machine
 def test_quick_run_writes_the_report_schema(tmp_path):
-    pytest.importorskip("ray.tune")
+    pytest.importorskip("ray.tune", reason="the bench extra (ray[tune]) is not installed", exc_type=ImportError)
     pytest.importorskip("GPy")
     out = tmp_path / "hpo.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
