@@ -25,11 +25,12 @@ Fields (rates are per wall-clock second):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
 import time
+
+from benchmarks import print_and_write
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -195,10 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         res["torchrl"] = None
         res["ratios"] = None
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=2)
+    print_and_write(res, args.json)
     return res
 
 

@@ -23,10 +23,11 @@ to every shard, in parallel; a single actor's is one call.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
+
+from benchmarks import print_and_write
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -179,10 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         res["load_avg_end"] = load_avg()
         ray.shutdown()
-    print(json.dumps(res, indent=2))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(res, fh, indent=2)
+    print_and_write(res, args.json)
     return res
 
 
