@@ -15,7 +15,7 @@ That ``snapshot_dir`` is a path on the actor's node. A snapshot the *caller* ask
 through Ray instead: the actor returns its arrays and the caller writes the files, or the caller
 reads them and sends them, so the driver's run directory need not exist where the actor runs.
 
-`evo.replay.sharded.ShardedReplayService` runs several of these actors as one store.
+`evo.replay.sharded.ShardedReplay` runs several of these actors as one store.
 """
 
 from __future__ import annotations

@@ -602,7 +602,8 @@ class ReplayStore:
         ``storage``/``path`` override where the restored columns live (default: as snapshotted; an
         mmap store gets fresh files under its old path root, never touching the original's files).
         """
-        return cls._from_snapshot(dir, storage, path, hash_fn)[0]
+        _, meta, arrays = snap.read_snapshot(dir)
+        return cls._from_state(meta, arrays, storage, path, hash_fn)
 
     def load_snapshot(self, dir: str | os.PathLike) -> str:
         """Replace this store's entire contents and state (data, index, refcounts, priorities,
@@ -629,17 +630,12 @@ class ReplayStore:
         old.close()
 
     @classmethod
-    def _from_snapshot(cls, dir, storage, path, hash_fn, custom_only=False) -> tuple[ReplayStore, str]:
-        snap_path, meta, arrays = snap.read_snapshot(dir)
-        return cls._from_state(meta, arrays, storage, path, hash_fn, custom_only), snap_path
-
-    @classmethod
     def _from_state(cls, meta, arrays, storage, path, hash_fn, custom_only=False) -> ReplayStore:
         if custom_only and not meta.get("custom_hash"):
             hash_fn = None
         if "shards" in meta:
             raise ReplayError(f"this is a snapshot of a sharded replay service ({len(meta['shards'])} shards): "
-                              "restore it with ShardedReplayService.restore or load it into one with as many shards")
+                              "restore it with ShardedReplay.restore or load it into one with as many shards")
         if meta.get("format") != FORMAT_VERSION:
             raise ReplayError(f"snapshot format {meta.get('format')} is not supported (expected {FORMAT_VERSION})")
         if meta["custom_hash"] and hash_fn is None:
