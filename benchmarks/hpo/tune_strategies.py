@@ -128,6 +128,24 @@ class CurveRecorder(tune.Callback):
                 self.on_point(self.curve)
 
 
+class StepBudget(tune.Stopper):
+    """Stops a trial once it has itself trained its share of the budget (generations × steps), counted
+    from its own results. Tune's `training_iteration` is not that count: an exploit restores the donor's
+    iteration number, and a trial restored from a checkpoint behind its own iteration trains those
+    iterations again (PB2 on randomwalks trained 4,400 of 4,000 updates when stopped on iterations)."""
+
+    def __init__(self, per_trial: int) -> None:
+        self.per_trial = per_trial
+        self.trained: dict[str, int] = {}
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        self.trained[trial_id] = self.trained.get(trial_id, 0) + int(result["steps_trained"])
+        return self.trained[trial_id] >= self.per_trial
+
+    def stop_all(self) -> bool:
+        return False
+
+
 def _domain(hp: Any) -> Any:
     if hp.kind == "int":
         return tune.randint(int(hp.min), int(hp.max) + 1)
@@ -185,7 +203,7 @@ def run(t: Task, seed: int, strategy: str, on_point: Callable[[list], None] | No
             param_space=param_space,
             tune_config=tune.TuneConfig(metric="fitness", mode="max", scheduler=scheduler, num_samples=1),
             run_config=tune.RunConfig(name=f"{strategy}_{seed}", storage_path=storage, verbose=0,
-                                      stop={"training_iteration": t.generations}, callbacks=[recorder],
+                                      stop=StepBudget(t.generations * t.steps_per_generation), callbacks=[recorder],
                                       failure_config=tune.FailureConfig(max_failures=0),
                                       # PBT/PB2 exploit from the donor's latest checkpoint: one per iteration
                                       # (as Tune's PBT guide sets it); Tune warns that keeping 2 or fewer can break exploits
