@@ -193,7 +193,11 @@ class EfficientZeroAgent(TorchAgent):
         obs_spec = observation_spec(self.task)
         self.obs_shape, self.num_actions = obs_spec.shape, obs_spec.num_actions
         self.init_rng(seed)
-        self.model = build_model(self.obs_shape, self.num_actions, self.arch, self.generator).to(DTYPES[self.task["dtype"]])
+        # built on the CPU from the member's generator (the same initial weights on every device), then
+        # moved to the device the scheduler gave this member (`AgentContext.device`, e.g. a Ray GPU share)
+        self.device = torch.device(context.device)
+        self.model = build_model(self.obs_shape, self.num_actions, self.arch, self.generator).to(
+            device=self.device, dtype=DTYPES[self.task["dtype"]])
         self.arch.update(self.model.arch())
         self.model.obs_scale = obs_spec.obs_scale  # uint8 images are read as pixel / 255
         self.target_model = copy.deepcopy(self.model)
@@ -317,8 +321,9 @@ class EfficientZeroAgent(TorchAgent):
             "arch": copy.deepcopy(self.arch),
             "hparams": dict(self.hparams),
             "task": copy.deepcopy(self.task),
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "target_model": {k: v.detach().clone() for k, v in self.target_model.state_dict().items()},
+            # CPU copies wherever the member trains, like the optimizer's state: the tree checkpoints anywhere
+            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+            "target_model": {k: v.detach().to("cpu", copy=True) for k, v in self.target_model.state_dict().items()},
             "optimizer": optimizer_state(self.optimizer, self.model),
             "rng": self.rng_state(),
             "selfplay": self.selfplay.state(),  # the episodes in flight

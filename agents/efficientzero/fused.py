@@ -53,6 +53,7 @@ class StackedSearchModel:
         self.template, self.params, self.buffers, self.members = template, params, buffers, members
         self.action_space_size = template.action_space_size
         self.value_support, self.reward_support = template.value_support, template.reward_support
+        self.device = next(iter(params.values())).device  # where search sends its observations
 
     def _call(self, method: Any, *args: Any) -> Any:
         M = self.members
@@ -180,13 +181,13 @@ class FusedEfficientZero:
         x = first.new_zeros((len(slots), b, L, *first.shape[2:]))
         for i, m in enumerate(slots):
             x[i, :, : obs[m].shape[1]] = obs[m]
-        index = torch.as_tensor(slots)
+        x, index = x.to(targets.device), torch.as_tensor(slots, device=targets.device)
         params = {k: v.index_select(0, index) for k, v in targets.params.items()}
         buffers = {k: v.index_select(0, index) for k, v in targets.buffers.items()}
         one = lambda p, bf, rows: call_method(targets.template, p, bf, _initial, rows)
         with torch.no_grad():
             _, _, value_logits = vmap(one)(params, buffers, x.reshape(len(slots), b * L, *first.shape[2:]))
-            values = support_to_scalar(value_logits, targets.template.value_support).reshape(len(slots), b, L).numpy()
+            values = support_to_scalar(value_logits, targets.template.value_support).reshape(len(slots), b, L).cpu().numpy()
         return {m: values[i, :, : obs[m].shape[1]] for i, m in enumerate(slots)}
 
     def _search_model(self, group: FusedGroup, members: int) -> StackedSearchModel:
@@ -292,7 +293,7 @@ class FusedEfficientZero:
                 if a.updates % int(a.hparams["target_update_interval"]) == 0:
                     group.read(m, a.target_model)
                     self.targets[id(group)].load(m, a.target_model)
-                priorities = np.abs(terms["root_value"][m].numpy() - batch.root_target) + 1e-6
+                priorities = np.abs(terms["root_value"][m].cpu().numpy() - batch.root_target) + 1e-6
                 a.replay.update_priorities(batch.keys, priorities)
                 row = {name: float(terms[name][m]) for name in learner.LOSS_NAMES}
                 row.update({"loss_total": total, "grad_norm": float(terms["grad_norm"][m]),

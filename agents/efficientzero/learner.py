@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
+from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, model_device
 from agents.efficientzero.model import Unroll
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
 from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
@@ -78,23 +78,24 @@ def sample_windows(replay: Replay, hp: Mapping[str, Any]) -> Any:
 
 
 def window_obs(seq: Any) -> torch.Tensor:
-    """The windows' observations, [B, L, ...] float32."""
+    """The windows' observations, [B, L, ...] float32, on the CPU (where the replay's arrays are)."""
     return torch.as_tensor(np.asarray(seq.data["obs"]), dtype=torch.float32)
 
 
 def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor) -> np.ndarray:
-    """The target network's value of every row of the windows, [B, L]."""
+    """The target network's value of every row of the windows, [B, L] (numpy)."""
     B, L = obs.shape[:2]
     with torch.no_grad():
-        flat = obs.reshape(B * L, *obs.shape[2:])
+        flat = obs.reshape(B * L, *obs.shape[2:]).to(model_device(target_model))
         _, tv_logits = target_model.predict(target_model.represent(flat))
-        return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).numpy()
+        return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).cpu().numpy()
 
 
 def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module, hp: Mapping[str, Any],
                        rng: np.random.Generator) -> Batch:
     """Value, value-prefix and policy targets and importance weights for sampled windows, given
-    their bootstrap values `boot` [B, L]."""
+    their bootstrap values `boot` [B, L]. The tensors are put on the target model's device (one copy
+    per tensor; no-ops on the CPU)."""
     K, n_td, H = int(hp["num_unroll_steps"]), int(hp["td_steps"]), int(hp["lstm_horizon_len"])
     data, mask = seq.data, np.asarray(seq.mask, dtype=bool)
     obs = window_obs(seq)
@@ -120,7 +121,8 @@ def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module
         "mask": torch.as_tensor(mask[:, :K], dtype=torch.float32),
         "weights": weights,
     }
-    return Batch(tensors, np.asarray(seq.keys), z[:, 0])
+    device = model_device(target_model)
+    return Batch({k: v.to(device) for k, v in tensors.items()}, np.asarray(seq.keys), z[:, 0])
 
 
 def reanalyse_policy(target_model: torch.nn.Module, obs: torch.Tensor, policy: np.ndarray, valid: np.ndarray,
@@ -219,7 +221,7 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     if step % int(hp["target_update_interval"]) == 0:
         target_model.load_state_dict(model.state_dict())
 
-    priorities = np.abs(terms["root_value"].numpy() - batch.root_target) + 1e-6
+    priorities = np.abs(terms["root_value"].cpu().numpy() - batch.root_target) + 1e-6
     replay.update_priorities(batch.keys, priorities)
     out = {name: float(terms[name].detach()) for name in LOSS_NAMES}
     out.update({"loss_total": float(terms["loss_total"].detach()), "grad_norm": float(grad_norm),

@@ -213,6 +213,16 @@ def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_sup
             bootstrap = reward[b, node] + discount * bootstrap
 
 
+def model_device(model: Any) -> torch.device:
+    """Where `model` computes: its `device` attribute (a fused population's search model), else that of
+    its first parameter, else the CPU (a search model need not be an nn.Module)."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return torch.device(device)
+    first = next(model.parameters(), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 # ---------------------------------------------------------------------------------------------
 class BatchedMCTS:
     """Search from a batch of observations with a model exposing represent/predict/dynamics."""
@@ -246,7 +256,8 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     population's searches run as one call here with each member's settings on its own roots (a
     tree whose budget is spent stops; the network still sees a row for it, which is ignored).
     """
-    obs_t = torch.as_tensor(obs)
+    device = model_device(model)
+    obs_t = torch.as_tensor(obs).to(device)  # the tree lives in numpy; only the network calls run on `device`
     # a model may offer both calls of a step as one (a fused population's: one vmapped call each)
     initial, recurrent = getattr(model, "initial_inference", None), getattr(model, "recurrent_inference", None)
     if initial is not None:
@@ -276,14 +287,14 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     out_action = np.zeros(B, dtype=np.int64)
 
     # root: priors (with noise when collecting) and one visit carrying its predicted value
-    root_logits = policy_logits.double().numpy()
+    root_logits = policy_logits.double().cpu().numpy()
     root_prior = np.exp(root_logits - root_logits.max(1, keepdims=True))
     root_prior /= root_prior.sum(1, keepdims=True)
     if noise is not None:
         fraction = np.asarray(exploration_fractions, dtype=np.float64)[:, None]
         root_prior = (1 - fraction) * root_prior + fraction * noise(A)
     prior[:, 0] = root_prior
-    value_np = value_logits.double().numpy()
+    value_np = value_logits.double().cpu().numpy()
     visits[:, 0] = 1
     for b in range(B):
         value_sum[b, 0] = _support_scalar(value_np[b], vs)
@@ -303,8 +314,8 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
         live = simulations > s
         _select(children, prior, visits, value_sum, reward, minmax, discounts, value_min_max_delta,
                 path, path_len, out_parent, out_action, live)
-        flat = torch.from_numpy(out_parent * B + col)
-        args = (lat_buf.index_select(0, flat), torch.from_numpy(out_action),
+        flat = torch.from_numpy(out_parent * B + col).to(device)
+        args = (lat_buf.index_select(0, flat), torch.from_numpy(out_action).to(device),
                 (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
         if recurrent is not None:
             lat, (h, c), vp_logits, p_logits, v_logits = recurrent(*args)
@@ -316,10 +327,10 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
         # LSTM reset every `horizon` steps of depth (depth of leaf = parent depth + 1)
         reset = (depth[col, out_parent] + 1) % horizon == 0
         if reset.any():
-            keep = torch.from_numpy(~reset).to(h.dtype).unsqueeze(1)
+            keep = torch.from_numpy(~reset).to(h.device, h.dtype).unsqueeze(1)
             h, c = h * keep, c * keep
         h_buf[rows], c_buf[rows] = h, c
-        outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).numpy()
+        outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).cpu().numpy()
         _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
                        reward, vprefix, depth, minmax, discounts, horizon, path, path_len, live)
 

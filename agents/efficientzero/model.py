@@ -102,25 +102,25 @@ class LSTMCell(nn.Module):
         H, n = self.hidden_size, self.hidden_size + extra
         change = ParamChange()
         bound = 1.0 / math.sqrt(n)
-        new_rows = torch.cat([torch.arange(k * n, k * n + H) for k in range(4)])
-        dtype = self.ih.weight.dtype  # float64 members widen in float64
-        w_ih = torch.empty(4 * n, self.input_size, dtype=dtype).uniform_(-bound, bound, generator=generator)
-        b_ih = torch.empty(4 * n, dtype=dtype).uniform_(-bound, bound, generator=generator)
-        w_hh = torch.empty(4 * n, n, dtype=dtype).uniform_(-bound, bound, generator=generator)
+        ref = self.ih.weight
+        new_rows = torch.cat([torch.arange(k * n, k * n + H) for k in range(4)]).to(ref.device)
+        # drawn on the CPU from the member's generator (the same values on every device), then moved to
+        # the module's device and dtype (float64 members widen in float64) before the old rows go in
+        draw = lambda *shape: torch.empty(*shape, dtype=ref.dtype).uniform_(-bound, bound, generator=generator).to(ref.device)
+        w_ih, b_ih, w_hh = draw(4 * n, self.input_size), draw(4 * n), draw(4 * n, n)
         with torch.no_grad():
             w_ih[new_rows] = self.ih.weight
             b_ih[new_rows] = self.ih.bias
             w_hh[new_rows] = 0.0
             w_hh[new_rows, :H] = self.hh.weight
-        ref = self.ih.weight
         everything = (slice(None), slice(None))
         for owner, name, data, new_idx in (
             (self.ih, "weight", w_ih, (new_rows, slice(None))),
             (self.ih, "bias", b_ih, (new_rows,)),
-            (self.hh, "weight", w_hh, (new_rows.unsqueeze(1), torch.arange(H).unsqueeze(0))),
+            (self.hh, "weight", w_hh, (new_rows.unsqueeze(1), torch.arange(H, device=ref.device).unsqueeze(0))),
         ):
             old = getattr(owner, name)
-            new = nn.Parameter(data.to(ref.device, ref.dtype))
+            new = nn.Parameter(data)
             change.resized.append((old, new, everything[: old.dim()], new_idx))
             setattr(owner, name, new)
         self.ih.out_features = self.hh.out_features = 4 * n
