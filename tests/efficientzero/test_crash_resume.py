@@ -3,6 +3,9 @@ to exactly the uninterrupted run.
 
 The run is the golden tiny experiment (tests/golden/record.py), so "the uninterrupted run" is the
 recorded table: every evaluation, loss metric, hyperparameter and architecture, hence the same elite.
+On Ray the store is a replay actor that sends its arrays to the driver, which writes the files (the
+same window, reached through the object store); the Ray backend gives the inline leaderboard
+(tests/test_faults_ray.py), so the same golden table is the reference.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+
+import pytest
 
 from evo.replay.snapshot import list_snapshots
 from evo.runstore import RunStore
@@ -19,9 +24,11 @@ from tests.golden.record import evaluation_table, golden_path, tiny_experiment
 NAME = "cartpole_efficientzero"
 
 
-def test_killed_mid_replay_snapshot_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["inline", pytest.param("ray", marks=pytest.mark.slow)])
+def test_killed_mid_replay_snapshot_resumes_to_the_uninterrupted_run(backend: str, tmp_path: Path) -> None:
     tiny_experiment(NAME, tmp_path)
-    killed = run_evo(["run", f"{NAME}.toml"], tmp_path, env={"EVO_FAULT": "during_replay_snapshot:1"}, timeout=600)
+    killed = run_evo(["run", f"{NAME}.toml", "--backend", backend], tmp_path, env={"EVO_FAULT": "during_replay_snapshot:1"},
+                     timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = tmp_path / "runs" / NAME
     # the window was hit: generation 1's snapshot is debris, generation 0's is whole and committed
@@ -32,7 +39,7 @@ def test_killed_mid_replay_snapshot_resumes_to_the_uninterrupted_run(tmp_path: P
     assert store.last_completed_generation() == 0
     store.close()
 
-    run_evo(["resume", NAME], tmp_path, check=True, timeout=600)
+    run_evo(["resume", NAME, "--backend", backend], tmp_path, check=True, timeout=600)
     store = RunStore.open(run_dir)
     try:
         assert evaluation_table(store) == json.loads(golden_path(NAME).read_text())
