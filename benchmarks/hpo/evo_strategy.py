@@ -71,7 +71,7 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
                               f"fitness window {exp.selection.fitness_window}",
                  "mutation": exp.mutation.model_dump(mode="json"),
                  "shared_replay": exp.agent_class.replay_spec(exp.task) is not None,
-                 "fused": bool(exp.resources.fused and backend == "inline"),
+                 "fused": bool(exp.resources.fused),  # fused groups run inline and on Ray (evo/fused/remote.py)
                  "backend": backend, "workers": getattr(scheduler, "num_workers", 1),
                  "search_space": sorted(search_space(exp))},
     }
