@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -19,6 +18,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+
+from evo import interrupts
 
 __all__ = ["main"]
 
@@ -122,7 +123,7 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
     loggers = make_loggers(store, exp)
     scheduler, status = None, "failed"
     store.set(driver=f"{socket.gethostname()}:{os.getpid()}")  # `evo runs` tells a dead driver's run from a live one
-    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a run like Ctrl-C does
+    previous_handlers = interrupts.install()  # Ctrl-C and SIGTERM stop a run, resumably
     try:
         scheduler, context = start_backend(exp, backend, address)
         with display:
@@ -143,7 +144,7 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
         print(f"the last completed generation is kept; after fixing the cause: evo resume {store.name}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        signal.signal(signal.SIGTERM, previous_sigterm)
+        interrupts.restore(previous_handlers)
         if scheduler is not None:
             scheduler.close()
         for logger in loggers:
@@ -153,10 +154,6 @@ def _execute(store: Any, exp: Any, backend: str, address: str | None, generation
         print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
               f"elite member {best[0]['index']} score {best[0]['score']:.4g} — {store.path}")
     return 0
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _discard_if_unstarted(store: Any) -> None:

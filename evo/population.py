@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from evo import interrupts
 from evo.agent import Agent, AgentContext
 from evo.diversity import measure_diversity
 from evo.faults import Failure, GenerationFailed
@@ -143,6 +144,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             store.restore_replay(context.replay, start - 1)
     store.set(status="running", generations_planned=total)
     for generation in range(start, total):
+        interrupts.check()
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
         results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,

@@ -72,6 +72,30 @@ def test_a_diverging_member_is_failed_and_the_run_goes_on(tmp_path: Path, capsys
     assert "3 failed" in listing
 
 
+def test_a_ctrl_c_that_library_code_swallows_still_stops_the_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A KeyboardInterrupt caught inside a member's training (as a library's own signal check can) is
+    not lost: the run stops, resumably, at the next point the driver checks (evo.interrupts), and a
+    resume gives the uninterrupted run's numbers."""
+    shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
+    assert evo(["run", "toy.toml", "--name", "reference"], tmp_path, capsys, monkeypatch)[0] == 0
+    marker = tmp_path / "interrupt-sent"
+    faulty_experiment(tmp_path, "swallowed", swallow_interrupt_once=str(marker))
+    code, _, err = evo(["run", "swallowed.toml"], tmp_path, capsys, monkeypatch)
+    assert marker.exists() and code == 130, err
+    assert "interrupted; resume with: evo resume swallowed" in err
+    run = tmp_path / "runs" / "swallowed"
+    with sqlite3.connect(run / "run.sqlite") as db:
+        assert db.execute("SELECT value FROM run WHERE key = 'status'").fetchone()[0] == "interrupted"
+        assert db.execute("SELECT COUNT(*) FROM generations").fetchone()[0] == 1  # generation 0 finished, 1 never began
+    assert evo(["resume", "swallowed"], tmp_path, capsys, monkeypatch)[0] == 0
+
+    def table(name: str) -> list[tuple]:
+        with sqlite3.connect(tmp_path / "runs" / name / "run.sqlite") as db:
+            return db.execute("SELECT generation, idx, fitness, hparams FROM evaluations ORDER BY generation, idx").fetchall()
+
+    assert table("swallowed") == table("reference")
+
+
 def _counts(rows: list[tuple]) -> list[tuple[int, int]]:
     out: dict[int, int] = {}
     for g, *_ in rows:

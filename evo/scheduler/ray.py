@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from evo import interrupts
 from evo.agent import Agent, AgentContext
 from evo.faults import Failure
 from evo.fused.remote import FusedJobs
@@ -356,6 +357,7 @@ class RayScheduler:
                     results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
                     observer.member_event(f.index, "failed", {"error": f"lost: {f.message}", "kind": "lost"})
                 break
+            interrupts.check()  # a Ctrl-C that Ray's blocking call swallowed stops the run here
             now = time.monotonic()
             deadlines = [d for _, _, d in pending.values()] + [d for _, d in warming.values()]
             wait = min(1.0, max(0.0, min(deadlines) - now))
