@@ -60,17 +60,18 @@ class CudaToyAgent(ToyAgent):
 
     @classmethod
     def from_state(cls, state: dict[str, Any], context: AgentContext) -> CudaToyAgent:
-        cls.states_seen_on.append(_devices(state))
+        cls.states_seen_on.append(tensor_devices(state))
         return super().from_state(state, context)
 
 
-def _devices(tree: Any) -> set[str]:
+def tensor_devices(tree: Any) -> set[str]:
+    """The device types of every tensor in a tree of dicts, lists and tuples."""
     if torch.is_tensor(tree):
         return {tree.device.type}
     if isinstance(tree, dict):
-        return set().union(*map(_devices, tree.values())) if tree else set()
+        return set().union(*map(tensor_devices, tree.values())) if tree else set()
     if isinstance(tree, (list, tuple)):
-        return set().union(*map(_devices, tree)) if tree else set()
+        return set().union(*map(tensor_devices, tree)) if tree else set()
     return set()
 
 

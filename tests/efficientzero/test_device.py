@@ -19,21 +19,12 @@ from agents.efficientzero.mcts import model_device
 from evo.agent import AgentContext
 from evo.replay import build_replay
 from evo.replay.view import MemberView, view_seed
+from tests.test_gpu import tensor_devices
 
 ARCH = {"variant": "mlp", "latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16,
         "fc_reward_layers": [8], "proj_size": 16, "value_support": 5, "reward_support": 3}
 TASK = {"num_envs": 2, "eval_episodes": 2, "min_replay": 16, "segment_length": 8, "dtype": "float64"}
 HP = {"batch_size": 8, "num_simulations": 4, "reanalyse_ratio": 0.5, "target_update_interval": 5}
-
-
-def _devices(tree: Any) -> set[str]:
-    if torch.is_tensor(tree):
-        return {tree.device.type}
-    if isinstance(tree, dict):
-        return set().union(set(), *map(_devices, tree.values()))
-    if isinstance(tree, (list, tuple)):
-        return set().union(set(), *map(_devices, tree))
-    return set()
 
 
 def _member(device: str, replay: Any, index: int = 0, hp: dict[str, Any] | None = None) -> EfficientZeroAgent:
@@ -45,7 +36,7 @@ def _on(agent: EfficientZeroAgent) -> set[str]:
     """Devices of the weights, target weights and Adam moments (Adam keeps its 0-d `step` counters
     on the CPU on every device, so those are left out)."""
     moments = [v for s in agent.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    return _devices(dict(agent.model.state_dict())) | _devices(dict(agent.target_model.state_dict())) | _devices(moments)
+    return tensor_devices([dict(agent.model.state_dict()), dict(agent.target_model.state_dict()), moments])
 
 
 def test_the_search_finds_where_a_model_computes() -> None:
@@ -69,8 +60,8 @@ def test_a_member_is_built_on_its_contexts_device() -> None:
     one rebuilt on the CPU the same values."""
     replay = build_replay(EfficientZeroAgent.replay_spec(TASK), 3, distributed=False)
     on_meta, on_cpu = _member("meta", replay), _member("cpu", replay)
-    assert on_meta.device == torch.device("meta") and _devices(dict(on_meta.model.state_dict())) == {"meta"}
-    assert _devices(dict(on_meta.target_model.state_dict())) == {"meta"}
+    assert on_meta.device == torch.device("meta") and tensor_devices(dict(on_meta.model.state_dict())) == {"meta"}
+    assert tensor_devices(dict(on_meta.target_model.state_dict())) == {"meta"}
     assert [p.shape for p in on_meta.model.parameters()] == [p.shape for p in on_cpu.model.parameters()]
     again = _member("cpu", replay)
     assert all(torch.equal(p, q) for p, q in zip(on_cpu.model.parameters(), again.model.parameters()))
@@ -94,7 +85,7 @@ def test_a_member_trains_evaluates_mutates_and_restores_on_cuda() -> None:
     assert _on(agent) == {"cuda"}
     fitness = agent.evaluate().fitness
     state = agent.get_state()
-    assert _devices(state) == {"cpu"}  # checkpoints and Ray results never carry CUDA tensors
+    assert tensor_devices(state) == {"cpu"}  # checkpoints and Ray results never carry CUDA tensors
     restored = EfficientZeroAgent.from_state(state, AgentContext(task=TASK, replay=replay, device="cuda", seed=3))
     assert _on(restored) == {"cuda"} and restored.evaluate().fitness == fitness
     restored.train(16)
@@ -115,7 +106,7 @@ def test_the_loss_on_cuda_equals_the_loss_on_the_cpu_in_float64() -> None:
     for d, agent in on.items():
         boot = learner.bootstrap_values(agent.target_model, learner.window_obs(windows))
         batch = learner.batch_from_windows(windows, boot, agent.target_model, agent.hparams, np.random.default_rng(0))
-        assert _devices(batch.tensors) == {d}
+        assert tensor_devices(batch.tensors) == {d}
         hp = {k: float(agent.hparams[k]) for k in learner.LOSS_WEIGHTS.values()}
         hp["lstm_horizon_len"] = int(agent.hparams["lstm_horizon_len"])
         params = dict(agent.model.named_parameters())
