@@ -320,16 +320,18 @@ class RayScheduler:
             else:
                 idle.append(worker)
 
-        def lost(pos: int, message: str) -> None:
+        def lost(pos: int, message: str, at: int = 0) -> bool:
+            """`pos` was lost with its worker: back into the queue at `at` (True) or failed, out of retries."""
             index = agents[pos].index
             f = Failure(index, "lost", message, attempts[pos], generation)
             if attempts[pos] <= self.max_failures:
                 retries[pos].append(Failure(index, "lost", message, attempts[pos], generation, retried=True))
-                queue.appendleft(pos)
+                queue.insert(at, pos)
                 observer.member_event(index, "retried", {"error": f"lost: {message}", "attempt": attempts[pos]})
-            else:
-                results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
-                observer.member_event(index, "failed", {"error": f"lost: {message}", "kind": "lost"})
+                return True
+            results[pos] = failed_result(agents[pos], f, 0.0, retries[pos])
+            observer.member_event(index, "failed", {"error": f"lost: {message}", "kind": "lost"})
+            return False
 
         while queue or pending:
             while queue and idle:
@@ -404,13 +406,21 @@ class RayScheduler:
                 observer.member_event(f.index, "failed", {"error": f"error: {f.message}", "kind": "error"})
                 continue
             except RayError as exc:  # the actor's process or node is gone: replace it, retry the member
+                # and the rest of its fused job with it, at once: read one by one, the first member back
+                # could be retried alone on an idle actor before its job-mates' errors were read
+                started = [] if deadline == math.inf else [pos]
+                for r, (p, w, d) in list(pending.items()):
+                    if w is worker and d != math.inf:
+                        del pending[r]
+                        started.append(p)
                 unqueue(worker)
                 release(worker, dead=True)
                 if deadline == math.inf:  # it was queued, never started: not an attempt
                     attempts[pos] -= 1
                     queue.appendleft(pos)
-                else:
-                    lost(pos, f"{type(exc).__name__}: {_first_line(exc)}")
+                at = 0
+                for p in sorted(started):  # in generation order at the queue's front: retried as one job again
+                    at += lost(p, f"{type(exc).__name__}: {_first_line(exc)}", at)
                 continue
             timing["get_s"] += time.perf_counter() - clock
             release(worker)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,15 @@ def test_groups_are_cut_into_about_one_chunk_per_actor() -> None:
 
 
 def _killer(marker: str) -> type:
-    """The toy agent, except that member KILL_INDEX kills its actor's process the first time it trains."""
+    """The toy agent, except that member KILL_INDEX kills its actor's process the first time it trains,
+    after a pause: the other job is in by then and its actor idle, the order in which CI once saw the
+    killed job's first member retried alone before its other members' errors were read."""
     base = ToyAgent
 
     def train(self: Any, steps: int) -> dict[str, float]:
         if self.index == KILL_INDEX and not os.path.exists(marker):
             Path(marker).touch()
+            time.sleep(2.0)
             os.kill(os.getpid(), signal.SIGKILL)
         return base.train(self, steps)
 
