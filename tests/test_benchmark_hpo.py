@@ -30,6 +30,17 @@ def test_random_search_and_pbt_start_from_evos_founders():
     assert len({f["lr"] for f in founders(exp)}) == t.population   # the others are drawn from the ranges
 
 
+def test_the_no_mutation_ablation_changes_only_the_mutation_weights():
+    from benchmarks.hpo.evo_strategy import NO_MUTATION
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=0)
+    ablated, _ = load(t, seed=0, **NO_MUTATION)
+    assert list(ablated.mutation.weights()) == [1.0, 0.0, 0.0, 0.0, 0.0]  # every child an unmutated copy
+    assert list(exp.mutation.weights()) != list(ablated.mutation.weights())
+    assert ablated.selection == exp.selection and ablated.hparam_space == exp.hparam_space
+
+
 def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     curve = [[100, 1.0, 10.0], [200, 2.0, 480.0], [300, 3.0, 300.0]]
     assert summarise(curve, 475) == {"steps_to_target": 200, "seconds_to_target": 2.0, "final_best": 300.0,

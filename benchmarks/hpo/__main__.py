@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hpo.common import ROOT, machine, task
-from benchmarks.hpo.strategy import STRATEGIES
+from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
 
 REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")
 
@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
     parser.add_argument("--strategies", default=None,
                         help=f"comma-separated subset of {','.join(STRATEGIES)}, run in this order within a seed "
-                             "(default all that apply to the task)")
+                             "(default all that apply to the task); ablations, run only when named: "
+                             + "; ".join(f"{k}: {v}" for k, v in ABLATIONS.items()))
     parser.add_argument("--json", required=True)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--logs", default=None, help="keep each run's log and JSON here (default: a temporary dir)")
@@ -106,9 +107,9 @@ def main() -> None:
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
     names = args.strategies.split(",") if args.strategies else [s for s in STRATEGIES
                                                                   if args.task == "cartpole" or s != "agilerl"]
-    unknown = [n for n in names if n not in STRATEGIES]
+    unknown = [n for n in names if n not in STRATEGIES and n not in ABLATIONS]
     if unknown:
-        parser.error(f"--strategies: unknown {unknown}; expected some of {list(STRATEGIES)}")
+        parser.error(f"--strategies: unknown {unknown}; expected some of {list(STRATEGIES) + list(ABLATIONS)}")
     report: dict[str, Any] = {
         "benchmark": "hpo", "quick": args.quick, "task": t.to_json(), "seeds": seeds, "machine": machine(),
         "budget_counts": f"{t.unit} of every member's training (train() steps), summed over the population; "

@@ -50,11 +50,19 @@ class CurveObserver(RunObserver):
             self.on_point(self.curve)
 
 
-def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None) -> dict[str, Any]:
+# the `evo-nomut` ablation: every child is its parent's copy (no architecture, weight, activation or
+# hyperparameter change), so the population moves only by selection over the founders
+NO_MUTATION = {"mutation.no_mutation": 1.0, "mutation.architecture": 0.0, "mutation.parameters": 0.0,
+               "mutation.activation": 0.0, "mutation.rl_hp": 0.0}
+
+
+def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
+        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`overrides`: experiment settings changed for an ablation (dotted keys, e.g. NO_MUTATION)."""
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
-    exp, text = load(t, seed, backend=backend)
+    exp, text = load(t, seed, backend=backend, **(overrides or {}))
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
         scheduler, context = start_backend(exp, backend)

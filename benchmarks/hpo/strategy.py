@@ -1,6 +1,7 @@
 """One strategy on one seed, in a process of its own (its own Ray, nothing left behind):
 
-    python -m benchmarks.hpo.strategy --strategy evo|random|pbt|pb2|agilerl --seed 0 --task cartpole [--quick] --out R.json
+    python -m benchmarks.hpo.strategy --strategy evo|random|pbt|pb2|agilerl|evo-nomut --seed 0 --task cartpole \
+        [--quick] --out R.json
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from benchmarks.hpo.common import summarise, task
 
 STRATEGIES = ("evo", "random", "pbt", "agilerl", "pb2")  # the run order within a seed: PB2, the extra, last
+# evo with one part switched off, to tell which part of evo a result comes from; run only when named
+ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None) -> dict:
@@ -28,10 +31,11 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
             with open(partial, "w") as fh:
                 json.dump(record, fh)
 
-    if name == "evo":
+    if name in ("evo", "evo-nomut"):
         from benchmarks.hpo import evo_strategy
 
-        out = evo_strategy.run(t, seed, on_point=on_point)
+        overrides = evo_strategy.NO_MUTATION if name == "evo-nomut" else {}
+        out = evo_strategy.run(t, seed, on_point=on_point, overrides=overrides)
     elif name in ("random", "pbt", "pb2"):
         from benchmarks.hpo import tune_strategies
 
@@ -41,7 +45,7 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
 
         out = agilerl_peer.run(t, seed)
     else:
-        raise ValueError(f"--strategy: expected one of {STRATEGIES}, found {name!r}")
+        raise ValueError(f"--strategy: expected one of {STRATEGIES + tuple(ABLATIONS)}, found {name!r}")
     return {"strategy": name, "seed": seed, **summarise(out["curve"], t.target), **out,
             "process_wall_s": round(time.perf_counter() - t0, 1), "loadavg_before": list(load_before),
             "loadavg_after": list(os.getloadavg())}
@@ -49,7 +53,7 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+    parser.add_argument("--strategy", required=True, choices=STRATEGIES + tuple(ABLATIONS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--quick", action="store_true")
