@@ -1,11 +1,20 @@
 """Run the tiny golden experiments inline and write (or compare) their evaluation tables.
 
     python -m tests.golden.record            # rewrite tests/golden/*.json
+
+Every golden run happens in a fresh process with the CPU kernels pinned (`PINNED_CPU_ENV`), and a
+table matches its recording when every decision is identical — members, lineage, fitness, scores,
+hyperparameters, architectures, mutations, evaluation metrics — and the training-loss metrics agree
+to `TRAIN_METRICS_RTOL` (`differences`). Why not all to the bit: a CI machine is not always the
+machine that recorded the table, and float rounding depends on the CPU's instruction set.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -48,8 +57,35 @@ def tiny_experiment(name: str, directory: Path) -> Path:
     return path
 
 
+#: torch's vectorised kernels (ATen), MKL's BLAS and oneDNN choose their code paths by the CPU (AVX2,
+#: AVX-512, AMX), and the float rounding differs between them. Unpinned, the ILQL table recorded on
+#: one CI machine decoded differently (3 of 9 fitnesses) on a Sapphire Rapids one; pinned to AVX2,
+#: which every x86-64 machine here has, all its decisions matched. Read at import: set before torch
+#: loads, so golden runs happen in a child process (`run_table`).
+PINNED_CPU_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"}
+
+#: The training-loss metrics (means over a member's updates) are compared to this relative tolerance,
+#: everything else exactly: even pinned, EfficientZero's losses differed by up to 1.9e-3 relative
+#: between those two machines (every action, fitness and mutation the same). A change of behaviour
+#: shows up in the decisions, or as a loss off by more than 1%.
+TRAIN_METRICS_RTOL = 1e-2
+
+
 def run_table(name: str) -> list[dict[str, Any]]:
-    """Every generation's evaluations of the tiny run: the numbers a refactor must not change."""
+    """Every generation's evaluations of the tiny run, made in a child process with the CPU kernels
+    pinned (`PINNED_CPU_ENV`): the numbers a refactor must not change."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "table.json"
+        env = {**os.environ, **PINNED_CPU_ENV,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        child = subprocess.run([sys.executable, "-m", "tests.golden.record", "--table", name, str(out)], cwd=REPO,
+                               env=env, capture_output=True, text=True, timeout=900)
+        if child.returncode != 0:
+            raise RuntimeError(f"golden run {name} exited {child.returncode}:\n{child.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def _run_table_here(name: str) -> list[dict[str, Any]]:
     from evo.cli import main
     from evo.runstore import RunStore
 
@@ -89,7 +125,35 @@ def golden_path(name: str) -> Path:
     return HERE / f"{name}.json"
 
 
+def differences(recorded: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[str]:
+    """How `table` departs from the `recorded` one: any field that differs, except training-loss
+    metrics within TRAIN_METRICS_RTOL. Empty when they match."""
+    if len(recorded) != len(table):
+        return [f"{len(table)} evaluations, recorded {len(recorded)}"]
+    found = []
+    for row, (old, new) in enumerate(zip(recorded, table)):
+        where = f"row {row} (generation {old.get('generation')}, member {old.get('index')})"
+        for key in sorted(set(old) | set(new)):
+            a, b = old.get(key), new.get(key)
+            if key == "train_metrics" and isinstance(a, dict) and isinstance(b, dict):
+                found += [f"{where} train_metrics.{m}: recorded {a.get(m)!r}, now {b.get(m)!r}"
+                          for m in sorted(set(a) | set(b)) if not _close(a.get(m), b.get(m))]
+            elif a != b:
+                found.append(f"{where} {key}: recorded {a!r}, now {b!r}")
+    return found
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=TRAIN_METRICS_RTOL, abs_tol=1e-9)
+    return a == b
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--table"]:  # the child process of `run_table`
+        name, out = sys.argv[2:4]
+        Path(out).write_text(json.dumps(_run_table_here(name)))
+        return 0
     for name in (sys.argv[1:] or sorted(TINY)):
         table = run_table(name)
         golden_path(name).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
