@@ -170,7 +170,8 @@ def idle_breakdown(timing: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="160 env steps per member (under 2 s idle: a smoke run), 2 Ray generations")
+    parser.add_argument("--quick", action="store_true",
+                        help="160 env steps per member (under 2 s idle: a smoke run), 2 Ray generations")
     parser.add_argument("--steps", type=int, default=None, help="env steps per member per generation")
     parser.add_argument("--workers", type=int, default=min(MEMBERS, os.cpu_count() or 1))
     parser.add_argument("--generations", type=int, default=None, help="Ray generations timed (default 3; 2 with --quick)")
