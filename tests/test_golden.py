@@ -1,7 +1,7 @@
 """Behaviour is unchanged by refactors: tiny EfficientZero and ILQL runs (inline, seed 3) give
 the recorded evaluation tables — fitness, scores, hyperparameters, architectures, lineage and
-evaluation metrics exactly (compared as JSON), the training-loss metrics to 1% (they round
-differently on another CPU: tests/golden/record.py).
+evaluation metrics and counts exactly (compared as JSON), the network's training metrics (losses,
+gradient norms, mean values) to 1% (they round differently on another CPU: tests/golden/record.py).
 
 When a change of behaviour is intended, re-record with `python -m tests.golden.record` and say why
 in the commit.
@@ -29,6 +29,8 @@ def test_a_changed_decision_or_loss_is_a_difference() -> None:
     changed[4]["fitness"] += 1e-12  # a decision: exact
     changed[5]["train_metrics"]["loss_policy"] *= 1.02  # a loss off by 2%
     changed[6]["train_metrics"]["loss_value"] *= 1.001  # within 1%: rounding
+    changed[7]["train_metrics"]["train_episodes"] += 0.001  # a count: exact
     found = differences(recorded, changed)
-    assert len(found) == 2 and "row 4" in found[0] and "fitness" in found[0] and "loss_policy" in found[1], found
+    assert len(found) == 3 and "row 4" in found[0] and "fitness" in found[0] and "loss_policy" in found[1], found
+    assert "row 7" in found[2] and "train_episodes" in found[2], found
     assert differences(recorded, recorded[:-1]) == [f"{len(recorded) - 1} evaluations, recorded {len(recorded)}"]
