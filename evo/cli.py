@@ -10,16 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
 import sys
 import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
-
-from evo import interrupts
 
 __all__ = ["main"]
 
@@ -39,6 +35,9 @@ def _parser(plugins: dict[str, Callable[[argparse.Namespace], int]] | None = Non
     run.add_argument("--generations", type=int, help="override population.generations")
     run.add_argument("--seed", type=int, help="override the experiment's seed")
     run.add_argument("--runs-dir", default="runs", help="where run directories live (default: runs)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of the experiment, e.g. --set population.size=8 "
+                          "--set agent.hparams.lr.max=0.01 (a TOML value; repeatable; recorded in the run)")
 
     res = sub.add_parser("resume", help="continue an interrupted run from its last completed generation")
     res.add_argument("run")
@@ -47,7 +46,8 @@ def _parser(plugins: dict[str, Callable[[argparse.Namespace], int]] | None = Non
     res.add_argument("--generations", type=int, help="run until this many generations are complete")
     res.add_argument("--runs-dir", default="runs")
     for p_ in (run, res):
-        p_.add_argument("--quiet", action="store_true", help="no live view: one line per generation (for logs)")
+        p_.add_argument("--quiet", action="store_true",
+                        help="no live view: one line per generation, no third-party progress bars or warnings (run.log has them)")
         p_.add_argument("--log", nargs=2, action="append", metavar=("KIND", "DIR"), default=[],
                         help="also log to tensorboard|mlflow under DIR (repeatable): sets the experiment's [logging] KIND")
 
@@ -99,74 +99,6 @@ def _unavailable(name: str, target: str, exc: Exception) -> Callable[[argparse.N
     return handler
 
 
-def _free_name(runs_dir: Path, name: str) -> str:
-    if not (runs_dir / name).exists():
-        return name
-    n = 2
-    while (runs_dir / f"{name}-{n}").exists():
-        n += 1
-    return f"{name}-{n}"
-
-
-def _execute(store: Any, exp: Any, backend: str, address: str | None, generations: int | None,
-             args: argparse.Namespace | None = None) -> int:
-    from evo.display import RunDisplay
-    from evo.faults import ResourceRequestError
-    from evo.loggers import make_loggers
-    from evo.observer import ObserverGroup
-    from evo.population import evolve, start_backend
-
-    total = generations or exp.population.generations
-    display = RunDisplay(store.name, total, exp.population.size, backend,
-                         steps_per_generation=exp.population.steps_per_generation,
-                         quiet=bool(getattr(args, "quiet", False)))
-    loggers = make_loggers(store, exp)
-    scheduler, status = None, "failed"
-    store.set(driver=f"{socket.gethostname()}:{os.getpid()}")  # `evo runs` tells a dead driver's run from a live one
-    previous_handlers = interrupts.install()  # Ctrl-C and SIGTERM stop a run, resumably
-    try:
-        scheduler, context = start_backend(exp, backend, address)
-        with display:
-            evolve(exp, store, scheduler, context, total, observer=ObserverGroup([display, *loggers]))
-        status = "completed"
-    except ResourceRequestError as exc:  # nothing ran: an impossible request is bad input (exit 2)
-        print(f"evo: {exc}", file=sys.stderr)
-        _discard_if_unstarted(store)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        status = "interrupted"
-        store.set(status="interrupted")
-        print(f"\ninterrupted; resume with: evo resume {store.name}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as exc:
-        store.set(status="failed", error=f"{type(exc).__name__}: {exc}")
-        print(f"evo: run {store.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print(f"the last completed generation is kept; after fixing the cause: evo resume {store.name}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        interrupts.restore(previous_handlers)
-        if scheduler is not None:
-            scheduler.close()
-        for logger in loggers:
-            logger.close(status)
-    best = store.evaluations()
-    if best:
-        print(f"run {store.name} completed: {store.last_completed_generation() + 1} generations, "
-              f"elite member {best[0]['index']} score {best[0]['score']:.4g} — {store.path}")
-    return 0
-
-
-def _discard_if_unstarted(store: Any) -> None:
-    """A run that never saved its founders holds nothing: remove its directory (`evo run` made it a
-    moment ago), so no half-made run is listed. A resumed run is left as it was."""
-    if store.population(0):
-        return
-    path = store.path
-    store.close()
-    shutil.rmtree(path, ignore_errors=True)
-    print(f"nothing was started; {path} removed", file=sys.stderr)
-
-
 def _status_cell(runs_dir: str, run: dict[str, Any]) -> str:
     """The run's status, "died" for a run marked running whose driver on this host is gone (killed),
     and its member failures (docs/faults.md)."""
@@ -203,25 +135,37 @@ def _alive(pid: int) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from evo.loggers import check_logging
-    from evo.runstore import RunStore
-    from evo.spec import load_experiment
+    from evo.api import start
+    from evo.spec import parse_override
 
-    overrides: dict[str, Any] = {}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.generations is not None:
-        overrides["population.generations"] = args.generations
-    if args.backend is not None:
-        overrides["backend"] = args.backend
+    overrides = dict(parse_override(text) for text in args.set)
     overrides.update(_log_overrides(args))
-    exp, text = load_experiment(args.experiment, overrides)
-    check_logging(exp, str(args.experiment))
-    runs_dir = Path(args.runs_dir)
-    name = args.name or _free_name(runs_dir, exp.name)
-    store = RunStore.create(runs_dir, name, text, exp.to_json(), source=str(args.experiment))
-    store.set(backend=exp.backend)
-    return _execute(store, exp, exp.backend, args.address, None, args)
+    return _finish(lambda: start(args.experiment, overrides=overrides, runs_dir=args.runs_dir, name=args.name,
+                                 backend=args.backend, address=args.address, generations=args.generations,
+                                 seed=args.seed, display="lines" if args.quiet else "auto", quiet=args.quiet))
+
+
+def _finish(go: Callable[[], Any]) -> int:
+    """Run `go` (evo.api's start or resume) and turn its outcome into a message and an exit code."""
+    from evo.api import RunFailed, RunInterrupted
+
+    try:
+        run = go()
+    except RunInterrupted as exc:
+        print(f"\ninterrupted; resume with: evo resume {exc.run.name}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RunFailed as exc:
+        name = exc.run.name
+        print(f"evo: run {name} failed: {type(exc.cause).__name__}: {exc.cause}", file=sys.stderr)
+        print(f"the last completed generation is kept; after fixing the cause: evo resume {name}", file=sys.stderr)
+        return EXIT_FAILED
+    if run is not None:
+        summary = run.summary()
+        if summary["status"] == "completed" and summary["best_score"] is not None:
+            board = run.leaderboard(top=1)
+            print(f"run {summary['name']} completed: {summary['generations_done']} generations, "
+                  f"elite member {board['member'][0]} score {board['score'][0]:.4g} — {run.path}")
+    return 0
 
 
 def _log_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -230,27 +174,19 @@ def _log_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from evo.loggers import check_logging
-    from evo.runstore import RunStore
-    from evo.spec import parse_experiment
+    from evo.api import resume
 
-    store = RunStore.open(args.run, args.runs_dir)
-    overrides = {"population.generations": args.generations} if args.generations else {}
-    overrides.update(_log_overrides(args))
-    exp = parse_experiment(store.experiment(), f"{store.path}/experiment", overrides)
-    check_logging(exp, f"{store.path}/experiment")
-    done = store.last_completed_generation() + 1
-    total = exp.population.generations
-    if done >= total:
-        print(f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
-        return 0
-    backend = args.backend or store.get("backend") or exp.backend
-    if args.generations:
-        data = store.experiment()
-        data["population"]["generations"] = args.generations
-        store.set(experiment=json.dumps(data, sort_keys=True))
-    print(f"resuming {store.name} at generation {done} of {total}")
-    return _execute(store, exp, backend, args.address, total, args)
+    done: list[bool] = []
+
+    def announce(text: str) -> None:
+        print(text)
+        done.append(text.startswith("run "))  # "already has N of N generations": nothing was run
+
+    def go() -> Any:
+        run = resume(args.run, args.runs_dir, generations=args.generations, backend=args.backend, address=args.address,
+                     log=dict(args.log), display="lines" if args.quiet else "auto", quiet=args.quiet, announce=announce)
+        return None if done and done[0] else run
+    return _finish(go)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 far and the training throughput.
 
 On a terminal it is a rich Live view; otherwise (CI logs, pipes) or with `--quiet`, one plain line
-per generation plus a line for each member that fails or is retried, so logs stay readable.
+per generation plus a line for each member that fails or is retried, so logs stay readable; from
+Python with `quiet=True` (mode "none"), nothing at all. The plain lines also go to the `evo.run`
+logger (the run directory's `run.log`, see evo.api), whatever the mode.
 
 Throughput is in the agent's own steps (`population.steps_per_generation`'s unit: environment
 steps for EfficientZero, gradient updates for ILQL) per second of wall time.
@@ -10,6 +12,7 @@ steps for EfficientZero, gradient updates for ILQL) per second of wall time.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -23,10 +26,25 @@ from rich.text import Text
 
 from evo.observer import RunObserver
 
-__all__ = ["RunDisplay", "format_duration"]
+__all__ = ["RunDisplay", "format_duration", "pack_phrases"]
+
+log = logging.getLogger("evo.run")
+MODES = ("auto", "live", "lines", "none")
 
 STATE_STYLES = {"queued": "dim", "training": "yellow", "evaluating": "cyan", "done": "green", "failed": "bold red",
                 "retried": "magenta"}
+
+
+def pack_phrases(phrases: list[str], width: int, sep: str = " · ") -> list[str]:
+    """Phrases joined by `sep` into as few lines of at most `width` characters as they fit in; a line
+    breaks only between phrases (a phrase longer than the width gets a line of its own)."""
+    lines: list[str] = []
+    for phrase in phrases:
+        if lines and len(lines[-1]) + len(sep) + len(phrase) <= width:
+            lines[-1] += sep + phrase
+        else:
+            lines.append(phrase)
+    return lines
 
 
 def format_duration(seconds: float | None) -> str:
@@ -43,12 +61,18 @@ def format_duration(seconds: float | None) -> str:
 
 class RunDisplay(RunObserver):
     def __init__(self, run: str, generations: int, population: int, backend: str,
-                 steps_per_generation: int | None = None, quiet: bool = False) -> None:
+                 steps_per_generation: int | None = None, quiet: bool = False, mode: str = "auto") -> None:
+        """`mode`: "live" (rich), "lines" (one plain line per generation), "none", or "auto": live on
+        a terminal, else lines. `quiet=True` is mode "lines" (the CLI's --quiet)."""
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, found {mode!r}")
         self.run, self.generations, self.backend = run, generations, backend
         self.population = population
         self.steps = steps_per_generation
         self.console = Console()
-        self.live_mode = self.console.is_terminal and not quiet
+        mode = "lines" if quiet and mode == "auto" else mode
+        self.mode = ("live" if self.console.is_terminal else "lines") if mode == "auto" else mode
+        self.live_mode = self.mode == "live"
         self.status: dict[int, str] = {}
         self.fitness: dict[int, float] = {}
         self.wall: dict[int, float] = {}
@@ -69,9 +93,15 @@ class RunDisplay(RunObserver):
             self.live = Live(self._render(), console=self.console, refresh_per_second=4)
             self.live.__enter__()
         else:
-            print(f"run {self.run}: {self.generations} generations of {self.population} members on the "
-                  f"{self.backend} backend", flush=True)
+            self._say(f"run {self.run}: {self.generations} generations of {self.population} members on the "
+                      f"{self.backend} backend")
         return self
+
+    def _say(self, line: str) -> None:
+        """A plain line: printed in mode "lines", logged (the run's run.log) in every mode."""
+        log.info(line)
+        if self.mode == "lines":
+            print(line, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
@@ -102,17 +132,27 @@ class RunDisplay(RunObserver):
         return done * self.steps / (now - self._generation_t0)
 
     # ---- rendering ----------------------------------------------------------------------------
-    def _headline(self) -> str:
+    def _phrases(self) -> list[str]:
         best = "-" if self.best == -math.inf else f"{self.best:.4g} (member {self.best_index})"
         rate = self.steps_per_s()
         counts = {s: sum(1 for v in self.status.values() if v == s) for s in STATE_STYLES}
-        states = " · ".join(f"{n} {s}" for s, n in counts.items() if n)
-        return (f"generation {min(self.generation + 1, self.generations)}/{self.generations} · best score so far {best} · "
-                f"{'-' if rate is None else f'{rate:,.0f}'} steps/s · {states or 'starting'}")
+        states = [f"{n} {s}" for s, n in counts.items() if n]
+        return [f"generation {min(self.generation + 1, self.generations)}/{self.generations}",
+                f"best score so far {best}", f"{'-' if rate is None else f'{rate:,.0f}'} steps/s",
+                *(states or ["starting"])]
 
-    def _render(self) -> Group:
+    def _headline(self) -> str:
+        return " · ".join(self._phrases())
+
+    def header_lines(self, width: int) -> list[str]:
+        """The headline laid out for a terminal `width` columns wide, broken only between phrases."""
+        return pack_phrases(self._phrases(), max(20, width))
+
+    def _render(self, width: int | None = None) -> Group:
         self.progress.update(self.task, eta=format_duration(self.eta_s()))
-        table = Table(title=self._headline(), expand=False)
+        header = [Text(line, no_wrap=True, overflow="ellipsis")
+                  for line in self.header_lines(width or self.console.width)]
+        table = Table(expand=False)
         for col in ("member", "state", "fitness", "wall", "steps/s"):
             table.add_column(col, justify="left" if col in ("member", "state") else "right")
         for index in sorted(self.status):
@@ -120,7 +160,7 @@ class RunDisplay(RunObserver):
             rate = f"{self.steps / wall:,.0f}" if self.steps and wall else "-"
             table.add_row(str(index), Text(state, style=STATE_STYLES.get(state, "")),
                           "-" if fit is None else f"{fit:.4g}", format_duration(wall), rate)
-        return Group(self.progress, table)
+        return Group(self.progress, *header, table)
 
     def _refresh(self) -> None:
         if self.live is not None:
@@ -145,9 +185,9 @@ class RunDisplay(RunObserver):
                 self.fitness[index] = float(details["fitness"])
             if "wall_s" in details:
                 self.wall[index] = float(details["wall_s"])
-            if event in ("failed", "retried") and self.live is None:
+            if event in ("failed", "retried"):
                 why = f": {details['error']}" if details.get("error") else ""
-                print(f"generation {self.generation + 1}: member {index} {event}{why}", flush=True)
+                self._say(f"generation {self.generation + 1}: member {index} {event}{why}")
             self._refresh()
 
     def generation_done(self, generation: int, board: list[dict[str, Any]]) -> None:
@@ -161,11 +201,10 @@ class RunDisplay(RunObserver):
             self._generation_t0 = now
             self.progress.update(self.task, completed=generation + 1)
             self._refresh()
-            if self.live is None:
-                top = board[0] if board else None
-                elite = f"elite member {top['index']} score {top['score']:.4g}" if top else "no evaluations"
-                failed = sum(1 for s in self.status.values() if s == "failed")
-                print(f"generation {generation + 1}/{self.generations}: {elite}; best so far {self.best:.4g}; "
+            top = board[0] if board else None
+            elite = f"elite member {top['index']} score {top['score']:.4g}" if top else "no evaluations"
+            failed = sum(1 for s in self.status.values() if s == "failed")
+            self._say(f"generation {generation + 1}/{self.generations}: {elite}; best so far {self.best:.4g}; "
                       f"{'-' if rate is None else f'{rate:,.0f}'} steps/s"
                       f"{f'; {failed} failed' if failed else ''}; {now - self._t0:.1f} s elapsed, "
-                      f"eta {format_duration(self.eta_s(now))}", flush=True)
+                      f"eta {format_duration(self.eta_s(now))}")

@@ -97,10 +97,11 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         spec = replace(spec, shards=exp.replay.shards, spread=exp.replay.spread)
     if backend == "inline":
-        from evo.scheduler.inline import InlineScheduler
+        from evo.scheduler.inline import InlineScheduler, inline_device
 
+        device = inline_device(exp.resources.gpus_per_member)  # refuses a GPU request without CUDA
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
-        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
+        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device)
         return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
                                fused=_fused_trainer(exp)), context
     from evo.scheduler.ray import RayScheduler, init_ray

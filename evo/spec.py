@@ -8,6 +8,7 @@ itself, so nothing downstream looks a kind up by name again.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -21,7 +22,8 @@ from evo.hparams import HParam, HParamError, parse_hparam
 if TYPE_CHECKING:
     from evo.agent import Agent
 
-__all__ = ["Experiment", "ExperimentSpec", "SpecError", "load_experiment", "parse_experiment"]
+__all__ = ["Experiment", "ExperimentSpec", "SpecError", "apply_overrides", "load_experiment", "parse_experiment",
+           "parse_override"]
 
 
 class SpecError(ValueError):
@@ -222,18 +224,77 @@ def _from_pydantic(source: str, exc: ValidationError) -> SpecError:
     return SpecError(source, loc, f"expected {msg[0].lower()}{msg[1:]}, found {_describe(err.get('input'))}")
 
 
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`population.size=8` -> ("population.size", 8): the value is read as a TOML value (numbers,
+    booleans, strings, arrays, inline tables); a bare word that is not TOML is taken as a string
+    (`backend=inline`). Raises `SpecError` (field "--set") for anything else."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not _KEY.match(key):
+        raise SpecError("--set", "", f"expected KEY=VALUE with a dotted key (e.g. population.size=8), found {text!r}")
+    if not raw:
+        raise SpecError("--set", key, "expected a value after '='")
+    try:
+        return key, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError as exc:
+        if raw[0] in "[{\"'" or not re.match(r"^[A-Za-z0-9_./:@+-]+$", raw):
+            raise SpecError("--set", key, f"expected a TOML value (8, 0.01, true, \"text\", [1, 2], {{ a = 1 }}), "
+                                          f"found {raw!r} ({exc})") from None
+        return key, raw
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any] | None, source: str = "<experiment>") -> dict[str, Any]:
+    """A copy of `data` with each dotted key of `overrides` set (tables along the way are created,
+    and copied, never changed in place). A plain hyperparameter value becomes a range table when a
+    key inside it is set (`agent.hparams.lr.max` on `lr = 3e-3` gives `{ value = 3e-3, max = ... }`),
+    and a plain value for a ranged one sets its starting value (`agent.hparams.lr=0.005` keeps the range).
+    Setting a key inside anything else that is not a table is a `SpecError` naming the key."""
+    out = dict(data)
+    for key, value in (overrides or {}).items():
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise SpecError(source, str(key), "expected a dotted key such as population.size")
+        parts = key.split(".")
+        target = out
+        for depth, part in enumerate(parts[:-1]):
+            inner = target.get(part, {})
+            if not isinstance(inner, dict):
+                here = ".".join(parts[: depth + 1])
+                if parts[:2] == ["agent", "hparams"] and depth == 2:
+                    inner = {"value": inner}  # a plain hyperparameter gets a range
+                else:
+                    raise SpecError(source, key, f"cannot set a key inside {here}, which is {_describe(inner)}, not a table")
+            inner = dict(inner)
+            target[part] = inner
+            target = inner
+        old = target.get(parts[-1])
+        if parts[:2] == ["agent", "hparams"] and len(parts) == 3 and isinstance(old, dict) and not isinstance(value, dict):
+            value = {**old, "value": value}  # a new starting value keeps the file's range
+        target[parts[-1]] = value
+    return out
+
+
 def parse_experiment(data: dict[str, Any], source: str = "<experiment>",
                      overrides: dict[str, Any] | None = None) -> Experiment:
-    """Validate a parsed TOML document (plus CLI overrides like {'seed': 3})."""
-    data = dict(data)
-    for key, value in (overrides or {}).items():
-        section, _, name = key.rpartition(".")
-        target = data
-        if section:
-            target = data.setdefault(section, {})
-            target = dict(target)
-            data[section] = target
-        target[name] = value
+    """Validate a parsed TOML document, with `overrides` (dotted keys, e.g. {'population.size': 8})
+    set first; an error in an overridden field says so."""
+    data = apply_overrides(data, overrides, source)
+    try:
+        return _validate(data, source)
+    except SpecError as exc:
+        key = next((k for k in (overrides or {}) if _related(k, exc.field)), None)
+        if key is None:
+            raise
+        raise SpecError(exc.source, exc.field, f"{exc.message} (set by the override {key}={_describe(overrides[key])})") from None
+
+
+def _related(key: str, field: str) -> bool:
+    return bool(field) and (key == field or key.startswith(field + ".") or field.startswith(key + "."))
+
+
+def _validate(data: dict[str, Any], source: str) -> Experiment:
     try:
         exp = ExperimentSpec.model_validate(data)
     except ValidationError as exc:

@@ -3,6 +3,9 @@
 Members that share the run's replay store each train on their own view of it (evo.replay.view),
 rebuilt from their state with that view; the views' staged writes are committed in member order
 after the last member, exactly as the Ray backend does, so both give the same results.
+
+`resources.gpus_per_member > 0` makes members train on this process's CUDA device (`inline_device`);
+without one the request is refused before anything starts, as the Ray backend refuses it.
 """
 
 from __future__ import annotations
@@ -10,14 +13,31 @@ from __future__ import annotations
 from typing import Any
 
 from evo.agent import Agent, AgentContext, clone_tree
-from evo.faults import Failure
+from evo.faults import Failure, ResourceRequestError
 from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.view import MemberView, commit_views, view_seed
 from evo.scheduler.base import MemberResult, attempt_member, failed_result, member_context
 
-__all__ = ["InlineScheduler"]
+__all__ = ["InlineScheduler", "inline_device"]
+
+
+def inline_device(gpus_per_member: float, cuda_devices: int | None = None) -> str:
+    """The device inline members train on: "cpu" without a GPU request; "cuda" (this process's
+    current CUDA device) with one. Asking for more GPUs than this process sees raises
+    `ResourceRequestError` (exit 2). `cuda_devices`: the count to assume (default: torch's)."""
+    if gpus_per_member <= 0:
+        return "cpu"
+    if cuda_devices is None:
+        import torch
+
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda_devices < gpus_per_member:
+        raise ResourceRequestError("resources.gpus_per_member", f"{gpus_per_member:g} GPU per member on the inline backend",
+                                   f"{cuda_devices} CUDA device{'s' if cuda_devices != 1 else ''} in this process",
+                                   "set gpus_per_member = 0 to train on the CPU, or use the Ray backend on a GPU cluster")
+    return "cuda"
 
 
 class InlineScheduler:
