@@ -1,4 +1,4 @@
-"""The `evo` command: run, resume, runs, leaderboard, lineage, export (and subcommands other
+"""The `evo` command: run, resume, new, runs, leaderboard, lineage, export (and subcommands other
 packages add through the `evo.commands` entry-point group, e.g. `evo dashboard`).
 
 Exit codes: 0 success; 1 a run failed; 2 bad input (experiment file, arguments, unknown run);
@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 __all__ = ["main"]
@@ -50,6 +51,18 @@ def _parser(plugins: dict[str, Callable[[argparse.Namespace], int]] | None = Non
                         help="no live view: one line per generation, no third-party progress bars or warnings (run.log has them)")
         p_.add_argument("--log", nargs=2, action="append", metavar=("KIND", "DIR"), default=[],
                         help="also log to tensorboard|mlflow under DIR (repeatable): sets the experiment's [logging] KIND")
+
+    new = sub.add_parser("new", help="print a commented experiment file for a gymnasium env or a JSONL file of episodes",
+                         description="Print a commented experiment file with defaults that run, after checking the "
+                                     "environment (gymnasium registry) or every line of the data as evo run would. "
+                                     "E.g. evo new --env CartPole-v1 > mine.toml")
+    what = new.add_mutually_exclusive_group(required=True)
+    what.add_argument("--env", metavar="ENV_ID", help="a gymnasium environment id (EfficientZero)")
+    what.add_argument("--jsonl", metavar="FILE", help="episodes, one JSON object a line (ILQL; docs/ilql.md)")
+    new.add_argument("--agent", help="the agent kind (default: efficientzero for --env, ilql for --jsonl)")
+    new.add_argument("--pretrained", metavar="DIR", help="with --jsonl: a local GPT-2-family model directory to start from")
+    new.add_argument("--name", help="the experiment's name (default: from the env id or the file name)")
+    new.add_argument("--out", "-o", metavar="FILE", help="write FILE (refuses to overwrite) instead of printing")
 
     ls = sub.add_parser("runs", help="list runs with status, generations done and best score")
     ls.add_argument("--runs-dir", default="runs")
@@ -189,6 +202,22 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _finish(go)
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from evo.scaffold import new_experiment
+
+    if args.out and Path(args.out).exists():
+        print(f"evo: {args.out} exists; choose another --out or remove it", file=sys.stderr)
+        return EXIT_USAGE
+    text = new_experiment(env=args.env, jsonl=args.jsonl, agent=args.agent, pretrained=args.pretrained,
+                          name=args.name, file=args.out or "mine.toml")
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}; run it with: evo run {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from evo.runstore import RunStore
 
@@ -262,7 +291,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "resume": cmd_resume, "runs": cmd_runs, "leaderboard": cmd_leaderboard,
+COMMANDS = {"run": cmd_run, "resume": cmd_resume, "new": cmd_new, "runs": cmd_runs, "leaderboard": cmd_leaderboard,
             "export": cmd_export, "lineage": cmd_lineage}
 
 
