@@ -46,7 +46,7 @@ LOG_NAME = "run.log"
 #: loggers of the libraries a run drives, kept off the console under quiet (their records go to run.log)
 THIRD_PARTY_LOGGERS = ("transformers", "ray", "torch", "gymnasium", "numba", "filelock", "urllib3")
 #: read by those libraries when they are imported (Ray workers of a local cluster inherit them)
-QUIET_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TQDM_DISABLE": "1",
              "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
 
@@ -276,8 +276,8 @@ def _stderr_handler() -> logging.Handler:
 
 
 def _transformers_quiet(quiet: bool) -> Any:
-    """Under quiet, switch off transformers' progress bars ("Loading weights") and its console
-    handler if it is loaded (QUIET_ENV covers a later import); returns the undo, or None."""
+    """Under quiet, switch off transformers' progress bars ("Loading weights"); its logger is set
+    up here, so that `run_log` then replaces its console handler. Returns the undo, or None."""
     if not quiet:
         return None
     try:
@@ -285,12 +285,10 @@ def _transformers_quiet(quiet: bool) -> Any:
     except Exception:  # not installed, or broken: nothing of it to silence
         return None
     bars = hf_logging.is_progress_bar_enabled()
-    verbosity = hf_logging.get_verbosity()
+    hf_logging.get_verbosity()  # configures the library's root logger (its stderr handler) now, not mid-run
     hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
     def undo() -> None:
-        hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
     return undo
