@@ -15,10 +15,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import agents
 from evo.cli import main
-from tests.conftest import TOY_EXPERIMENT, run_evo
+from tests.conftest import REPO, TOY_EXPERIMENT, run_evo
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +184,93 @@ def test_taken_name_gets_a_suffix_and_damaged_checkpoint_is_refused(tmp_path: Pa
 def test_unknown_run_is_a_usage_error(tmp_path: Path, capsys, monkeypatch) -> None:
     code, _, err = evo(["leaderboard", "nope"], tmp_path, capsys, monkeypatch)
     assert code == 2 and "no run 'nope'" in err
+
+
+# ---- --set overrides -----------------------------------------------------------------------------
+def test_set_overrides_are_typed_validated_recorded_and_resumed(tmp_path: Path, capsys, monkeypatch) -> None:
+    shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
+    code, out, err = evo(["run", "toy.toml", "--backend", "inline", "--generations", "1", "--quiet",
+                          "--set", "population.size=3", "--set", "agent.hparams.lr.max=0.01",
+                          "--set", "mutation.activation_choices=['ReLU', 'Tanh']"], tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    rows = board(tmp_path, "toy", capsys, monkeypatch)
+    assert len(rows) == 3
+    with sqlite3.connect(tmp_path / "runs" / "toy" / "run.sqlite") as db:
+        stored = json.loads(db.execute("SELECT value FROM run WHERE key = 'experiment'").fetchone()[0])
+    assert stored["population"]["size"] == 3 and stored["agent"]["hparams"]["lr"]["max"] == 0.01
+    assert stored["mutation"]["activation_choices"] == ["ReLU", "Tanh"]
+    code, out, err = evo(["resume", "toy", "--generations", "2", "--quiet"], tmp_path, capsys, monkeypatch)
+    assert code == 0 and "run toy: 2 generations of 3 members" in out, err  # resume runs the stored (overridden) spec
+    assert len(board(tmp_path, "toy", capsys, monkeypatch)) == 3
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("population.size=0", "toy.toml: population.size: expected greater than or equal to 1, found 0 "
+                          "(set by the override population.size=0)"),
+    ("population.size=many", "toy.toml: population.size: expected a valid integer"),
+    ("populaton.size=8", "toy.toml: populaton: unknown field"),
+    ("agent.hparams.lr.max=[0.1,", "--set: agent.hparams.lr.max: expected a TOML value"),
+    ("agent.hparams.nope=1", "toy.toml: agent.hparams.nope: unknown hyperparameter"),
+    ("population.size.x=1", "toy.toml: population.size.x: cannot set a key inside population.size, which is 4"),
+    ("population.size", "--set: expected KEY=VALUE"),
+])
+def test_bad_set_exits_2_naming_the_key_and_creates_nothing(tmp_path: Path, setting: str, expected: str,
+                                                           capsys, monkeypatch) -> None:
+    shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")
+    code, out, err = evo(["run", "toy.toml", "--set", setting], tmp_path, capsys, monkeypatch)
+    assert code == 2 and err.startswith(f"evo: {expected}"), err
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- evo new ------------------------------------------------------------------------------------------
+TINY_EZ = ["--set", "population.size=2", "--set", "population.steps_per_generation=64", "--set", "agent.task.num_envs=2",
+           "--set", "agent.task.eval_episodes=1", "--set", "agent.task.eval_max_steps=50"]
+
+
+def test_evo_new_env_writes_a_commented_file_that_runs(tmp_path: Path, capsys, monkeypatch) -> None:
+    code, text, err = evo(["new", "--env", "CartPole-v1"], tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    data = tomllib.loads(text)
+    assert data["agent"]["kind"] == "efficientzero" and data["agent"]["task"]["env_id"] == "CartPole-v1"
+    assert sum(line.lstrip().startswith("#") or " # " in line for line in text.splitlines()) >= 20  # commented
+    (tmp_path / "mine.toml").write_text(text)
+    code, out, err = evo(["run", "mine.toml", "--backend", "inline", "--generations", "1", "--quiet", *TINY_EZ],
+                         tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    assert len(board(tmp_path, data["name"], capsys, monkeypatch)) == 2
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--env", "CartPol-v1"], "--env: agent.task.env_id: not a registered gymnasium environment"),
+    (["--env", "Pendulum-v1"], "efficientzero needs a discrete action space"),
+    (["--env", "CartPole-v1", "--agent", "ilql"], "--agent: agent.kind: expected one of ['efficientzero']"),
+    (["--jsonl", "missing.jsonl"], "--jsonl: agent.task.path: no such file: missing.jsonl"),
+    (["--jsonl", "bad.jsonl"], "bad.jsonl line 2, segments: expected a non-empty list"),
+    (["--jsonl", "good.jsonl", "--pretrained", "nowhere"], "--pretrained: agent.arch.pretrained: expected a local model"),
+])
+def test_evo_new_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path: Path, args: list[str], expected: str,
+                                                                  capsys, monkeypatch) -> None:
+    lines = (REPO / "experiments" / "data" / "wordle_games.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "good.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "bad.jsonl").write_text(lines[0] + "\n" + '{"segments": [], "terminal": true}\n')
+    code, out, err = evo(["new", *args, "--out", "mine.toml"], tmp_path, capsys, monkeypatch)
+    assert code == 2 and err.startswith("evo: ") and expected in err, err
+    assert out == "" and not (tmp_path / "mine.toml").exists()
+    code, out, err = evo(["new", *args], tmp_path, capsys, monkeypatch)  # to stdout: nothing printed either
+    assert code == 2 and out == ""
+
+
+def test_evo_new_jsonl_runs_and_out_refuses_to_overwrite(tmp_path: Path, capsys, monkeypatch) -> None:
+    lines = (REPO / "experiments" / "data" / "wordle_games.jsonl").read_text().splitlines()[:200]
+    (tmp_path / "games.jsonl").write_text("\n".join(lines) + "\n")
+    code, _, err = evo(["new", "--jsonl", "games.jsonl", "--out", "mine.toml"], tmp_path, capsys, monkeypatch)
+    assert code == 0 and "wrote mine.toml" in err
+    data = tomllib.loads((tmp_path / "mine.toml").read_text())
+    assert data["agent"]["kind"] == "ilql" and data["agent"]["task"]["path"] == "games.jsonl"
+    code, _, err = evo(["new", "--jsonl", "games.jsonl", "--out", "mine.toml"], tmp_path, capsys, monkeypatch)
+    assert code == 2 and "mine.toml exists" in err
+    code, out, err = evo(["run", "mine.toml", "--backend", "inline", "--generations", "1", "--quiet",
+                          "--set", "population.size=2", "--set", "population.steps_per_generation=5"],
+                         tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    assert len(board(tmp_path, "games_ilql", capsys, monkeypatch)) == 2
