@@ -157,7 +157,6 @@ eval_top_k = 1
 
 [agent.arch]
 {arch}
-activation = "GELU"
 min_layers = 1
 max_layers = {max_layers}
 
@@ -265,7 +264,8 @@ def jsonl_experiment(path: str, pretrained: str | None = None, name: str | None 
         tokenizer, note, max_layers = _toml_str(pretrained), "       # the model's own tokenizer", 24
     else:
         arch = ("n_layer = 2\nn_embd = 64\nn_head = 4\ndim_feedfwd = 256\n"
-                "block_size = 128                  # positions: at least the longest episode's tokens")
+                "block_size = 128                  # positions: at least the longest episode's tokens\n"
+                'activation = "GELU"')
         tokenizer, max_layers = "char", 4
         note = "                # one token per character; or a local Hugging Face tokenizer dir"
     name = name or _slug(f"{p.stem}_ilql")

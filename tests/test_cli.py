@@ -274,3 +274,32 @@ def test_evo_new_jsonl_runs_and_out_refuses_to_overwrite(tmp_path: Path, capsys,
                          tmp_path, capsys, monkeypatch)
     assert code == 0, err
     assert len(board(tmp_path, "games_ilql", capsys, monkeypatch)) == 2
+
+
+def test_quiet_hides_hugging_face_loading_bars_that_a_plain_run_shows(tmp_path: Path, capsys, monkeypatch) -> None:
+    """ILQL from a pretrained model loads it once per member: transformers draws a "Loading weights"
+    progress bar each time. `--quiet` keeps them (and its warnings) off the console."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    from agents.ilql.tasks.wordle import write_jsonl
+
+    write_jsonl(tmp_path / "games.jsonl", n_games=30)
+    model, eot = tmp_path / "tiny-gpt2", "<|endoftext|>"  # a tiny GPT-2 and its own BPE, as tests/ilql/test_pretrained.py
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator((tmp_path / "games.jsonl").read_text().splitlines(), vocab_size=300, special_tokens=[eot])
+    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=eot, eos_token=eot, unk_token=eot).save_pretrained(model)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_positions=256, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(model)
+    code, _, err = evo(["new", "--jsonl", "games.jsonl", "--pretrained", str(model), "--out", "mine.toml"],
+                       tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    tiny = ["--backend", "inline", "--generations", "1", "--set", "population.size=2",
+            "--set", "population.steps_per_generation=2"]
+    code, out, err = evo(["run", "mine.toml", "--name", "plain", *tiny], tmp_path, capsys, monkeypatch)
+    assert code == 0 and "Loading weights" in err, err  # what a plain run shows (the bar, per member)
+    code, out, err = evo(["run", "mine.toml", "--name", "quiet", "--quiet", *tiny], tmp_path, capsys, monkeypatch)
+    assert code == 0 and err == "", err
+    assert [line.split(":")[0] for line in out.splitlines()] == ["run quiet", "generation 1/1", "run quiet completed"]
