@@ -26,6 +26,7 @@ import socket
 import sys
 import warnings
 from collections.abc import Iterator
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,7 @@ def execute(store: RunStore, exp: Experiment, backend: str, address: str | None,
     store.set(driver=f"{socket.gethostname()}:{os.getpid()}")  # `evo runs` tells a dead driver's run from a live one
     previous_handlers = interrupts.install()  # Ctrl-C and SIGTERM stop a run, resumably
     try:
-        with run_log(store.path / LOG_NAME, quiet=quiet):
+        with run_log(store.path / LOG_NAME, quiet=quiet, preload=("ray",) if backend == "ray" else ()):
             scheduler, context = start_backend(exp, backend, address)
             with view:
                 evolve(exp, store, scheduler, context, total, observer=ObserverGroup([view, *loggers]))
@@ -222,41 +223,49 @@ def _discard_if_unstarted(store: RunStore) -> Path | None:
 
 
 @contextlib.contextmanager
-def run_log(path: Path, quiet: bool = False) -> Iterator[None]:
+def run_log(path: Path, quiet: bool = False, preload: tuple[str, ...] = ()) -> Iterator[None]:
     """Within: the `evo.run` lines, Python warnings and the third-party loggers' records also go to
     `path`; with `quiet`, those libraries' console output is switched off (their loggers write only
     to `path`, their progress bars are disabled, warnings are not shown) — errors still surface as
-    exceptions. Everything is put back on exit."""
+    exceptions. `preload`: modules the run will import (e.g. "ray"), imported first so that the
+    console handlers they install at import are replaced too. Everything is put back on exit."""
+    if quiet:
+        for module in preload:
+            with contextlib.suppress(ImportError):
+                import_module(module)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     targets = [logging.getLogger(n) for n in ("evo.run", "py.warnings", *THIRD_PARTY_LOGGERS)]
-    saved = [(lg, lg.level, list(lg.handlers), lg.propagate) for lg in targets]
-    evo_log = logging.getLogger("evo.run")
-    evo_log.setLevel(logging.INFO)
+    saved = [(lg, lg.level, lg.propagate) for lg in targets]
+    removed: list[tuple[logging.Logger, logging.Handler]] = []
+    added: list[tuple[logging.Logger, logging.Handler]] = []
     env_before = {k: os.environ.get(k) for k in QUIET_ENV}
     hf_bars = _transformers_quiet(quiet)
     with warnings.catch_warnings():
         logging.captureWarnings(True)  # warnings become records of `py.warnings`
         try:
+            logging.getLogger("evo.run").setLevel(logging.INFO)
             for lg in targets:
                 if quiet or lg.name in ("evo.run", "py.warnings"):
                     for h in list(lg.handlers):
                         lg.removeHandler(h)
+                        removed.append((lg, h))
                     lg.propagate = False  # not to the root logger's console handler either
                 lg.addHandler(handler)
+                added.append((lg, handler))
             if quiet:
                 os.environ.update(QUIET_ENV)
             else:  # warnings still reach the console, as they would without evo, and run.log too
-                logging.getLogger("py.warnings").addHandler(_stderr_handler())
+                added.append((logging.getLogger("py.warnings"), _stderr_handler()))
+                added[-1][0].addHandler(added[-1][1])
             yield
         finally:
             logging.captureWarnings(False)
-            for lg, level, handlers, propagate in saved:
-                lg.removeHandler(handler)
-                for h in list(lg.handlers):
-                    lg.removeHandler(h)
-                for h in handlers:
-                    lg.addHandler(h)
+            for lg, h in added:
+                lg.removeHandler(h)
+            for lg, h in removed:
+                lg.addHandler(h)
+            for lg, level, propagate in saved:
                 lg.setLevel(level)
                 lg.propagate = propagate
             for k, v in env_before.items():

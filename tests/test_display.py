@@ -84,3 +84,29 @@ def test_leaderboard_shows_what_varies_and_all_on_request(toy_runs: Path, capsys
     assert len(default.splitlines()) <= len(everything.splitlines())
     assert main(["leaderboard", "toy", "--top", "1"]) == 0
     assert capsys.readouterr().out.count("\n│ 1 ") == 1
+
+
+def test_header_lines_break_between_phrases_for_the_terminal_width() -> None:
+    """The live view's headline never wraps mid-phrase ("58 steps/s · 2 queued · 1 training" then
+    "· 1 done" alone, at 160 columns, before): it is packed into lines of whole phrases."""
+    from evo.display import pack_phrases
+
+    d = RunDisplay("a_rather_long_run_name", generations=12, population=5, backend="ray", steps_per_generation=640)
+    d.generation_started(3, [0, 1, 2, 3, 4])
+    d.member_event(0, "training", {})
+    d.member_event(1, "done", {"fitness": 412.5, "wall_s": 11.0})
+    d.best, d.best_index = 487.25, 17
+    d.steps_per_s = lambda now=None: 58.2  # the rate depends on the clock; the layout must not
+    phrases = d._phrases()
+    assert phrases == ["generation 4/12", "best score so far 487.2 (member 17)", "58 steps/s", "3 queued", "1 training",
+                       "1 done"]
+    for width in (40, 60, 100, 160):
+        lines = d.header_lines(width)
+        assert all(len(line) <= width for line in lines)
+        assert [p for line in lines for p in line.split(" · ")] == phrases  # whole phrases, in order
+        view = Console(file=io.StringIO(), width=width, force_terminal=False)
+        view.print(d._render(width))
+        text = view.file.getvalue()
+        assert all(line in text.splitlines() for line in lines)  # rendered as laid out, one row each
+    assert len(d.header_lines(160)) == 1 and len(d.header_lines(40)) > 1
+    assert pack_phrases(["a" * 30, "b"], 10) == ["a" * 30, "b"]  # a phrase wider than the line stands alone
