@@ -93,7 +93,7 @@ def start(experiment: str | Path | dict[str, Any], *, overrides: dict[str, Any] 
     """`run` with the display mode spelled out (evo.display.RunDisplay: auto, live, lines, none);
     the command line's `--quiet` is display "lines" with `quiet=True`."""
     from evo.loggers import check_logging
-    from evo.runstore import RunStore
+    from evo.runstore import RunStore, RunStoreError
 
     if backend is not None and backend not in ("ray", "inline"):
         raise SpecError("evo.run", "backend", f"expected 'ray' or 'inline', found {backend!r}")
@@ -121,7 +121,10 @@ def start(experiment: str | Path | dict[str, Any], *, overrides: dict[str, Any] 
         note = "# overrides given to evo run (--set / overrides=), already in the stored experiment:\n"
         text = text.rstrip("\n") + "\n\n" + note + "".join(f"# {k} = {json.dumps(v, default=str)}\n"
                                                          for k, v in overrides.items())
-    store = RunStore.create(runs_dir, name, text, exp.to_json(), source=source)
+    try:
+        store = RunStore.create(runs_dir, name, text, exp.to_json(), source=source)
+    except RunStoreError as exc:  # the name is taken: bad input like the rest
+        raise SpecError(source, "name", str(exc)) from None
     store.set(backend=exp.backend, overrides=json.dumps(overrides or {}, sort_keys=True, default=str))
     return execute(store, exp, exp.backend, address, None, display=display, quiet=quiet, source=source)
 

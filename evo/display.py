@@ -35,6 +35,17 @@ STATE_STYLES = {"queued": "dim", "training": "yellow", "evaluating": "cyan", "do
                 "retried": "magenta"}
 
 
+def _live_capable(console: Console) -> bool:
+    """A terminal, or a Jupyter notebook with ipywidgets (rich draws its live view in a widget there)."""
+    if console.is_terminal:
+        return True
+    if not console.is_jupyter:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("ipywidgets") is not None
+
+
 def pack_phrases(phrases: list[str], width: int, sep: str = " · ") -> list[str]:
     """Phrases joined by `sep` into as few lines of at most `width` characters as they fit in; a line
     breaks only between phrases (a phrase longer than the width gets a line of its own)."""
@@ -63,7 +74,7 @@ class RunDisplay(RunObserver):
     def __init__(self, run: str, generations: int, population: int, backend: str,
                  steps_per_generation: int | None = None, quiet: bool = False, mode: str = "auto") -> None:
         """`mode`: "live" (rich), "lines" (one plain line per generation), "none", or "auto": live on
-        a terminal, else lines. `quiet=True` is mode "lines" (the CLI's --quiet)."""
+        a terminal (or in a notebook with ipywidgets), else lines. `quiet=True` is mode "lines" (the CLI's --quiet)."""
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, found {mode!r}")
         self.run, self.generations, self.backend = run, generations, backend
@@ -71,7 +82,7 @@ class RunDisplay(RunObserver):
         self.steps = steps_per_generation
         self.console = Console()
         mode = "lines" if quiet and mode == "auto" else mode
-        self.mode = ("live" if self.console.is_terminal else "lines") if mode == "auto" else mode
+        self.mode = ("live" if _live_capable(self.console) else "lines") if mode == "auto" else mode
         self.live_mode = self.mode == "live"
         self.status: dict[int, str] = {}
         self.fitness: dict[int, float] = {}

@@ -93,6 +93,9 @@ def test_a_toml_string_and_a_dict_run_like_the_file(tmp_path: Path) -> None:
     assert [r.name for r in (a, b, c)] == ["toy", "toy-2", "from_dict"]
     numbers = [r.evaluations()[["member", "fitness"]].values.tolist() for r in (a, b, c)]
     assert numbers[0] == numbers[1] == numbers[2]
+    with pytest.raises(evo.SpecError, match="a run with this name exists") as info:  # a taken name is bad input too
+        evo.run(text, runs_dir=runs, name="toy", quiet=True)
+    assert info.value.field == "name"
 
 
 @pytest.mark.parametrize(("overrides", "field", "words"), [
