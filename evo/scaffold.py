@@ -113,7 +113,7 @@ replay_capacity = 50000
 segment_length = 200
 min_replay = 400
 
-[agent.arch]                      # observation {obs_shape}: the convolutional variant
+{note}[agent.arch]                      # observation {obs_shape}: the convolutional variant
 variant = "conv"
 channels = 16
 num_res_blocks = 1
@@ -238,7 +238,11 @@ def env_experiment(env_id: str, agent: str = "efficientzero", name: str | None =
     if len(shape) == 1:
         body = _EZ_VECTOR.format(env_id=env_id, obs_shape=list(shape))
     elif len(shape) in (2, 3):
-        body = _EZ_IMAGE.format(env_id=env_id, obs_shape=list(shape), downsample=str(min(shape[:2]) >= 64).lower())
+        note = ("# Atari: the agent applies the Atari 100k protocol's preprocessing ([agent.task.atari]);\n"
+                "# experiments/atari_pong_efficientzero.toml holds the paper's network and budget.\n\n"
+                if env_id.startswith("ALE/") else "")
+        body = _EZ_IMAGE.format(env_id=env_id, obs_shape=list(shape), downsample=str(min(shape[:2]) >= 64).lower(),
+                                note=note)
     else:
         raise SpecError("--env", "agent.task.env_id", f"expected a vector or image observation, found shape {shape}")
     name = name or _slug(f"{env_id.split('/')[-1]}_{agent}")
