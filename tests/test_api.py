@@ -193,9 +193,17 @@ def test_inline_members_train_on_cuda(tmp_path: Path) -> None:
 
 
 def test_the_run_store_records_overrides_for_the_dashboard(tmp_path: Path) -> None:
+    from dashboards.data import run_summary
+    from evo.runstore import RunStore
+
     run = evo.run(TOY_EXPERIMENT, runs_dir=tmp_path / "runs", generations=1, quiet=True,
-                  overrides={"selection.fitness_window": 1})
+                  overrides={"population.size": 3, "selection.fitness_window": 1})
     with sqlite3.connect(run.path / "run.sqlite") as db:
         stored = dict(db.execute("SELECT key, value FROM run").fetchall())
     assert json.loads(stored["experiment"])["selection"]["fitness_window"] == 1
-    assert json.loads(stored["overrides"]) == {"selection.fitness_window": 1}
+    assert json.loads(stored["overrides"]) == {"population.size": 3, "selection.fitness_window": 1}
+    store = RunStore.open(run.path, read_only=True)
+    try:
+        assert run_summary(store)["population"] == 3  # what the dashboard's runs view shows
+    finally:
+        store.close()
