@@ -141,6 +141,19 @@ def test_progress_lines_off_a_terminal_and_nothing_when_quiet(tmp_path: Path, ca
     assert "run hush: 2 generations" in log and "generation 2/2: elite member" in log
 
 
+def test_a_terminal_gets_the_live_view_and_quiet_still_silences_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich treats the output as a terminal
+    monkeypatch.setenv("COLUMNS", "100")
+    evo.run(TOY_EXPERIMENT, runs_dir=tmp_path / "runs", name="live", generations=1)
+    out = capsys.readouterr().out
+    assert "live generations" in out and "member" in out and "state" in out  # rich's progress bar and member table
+    assert "run live: 1 generations of" not in out  # not the plain lines
+    evo.run(TOY_EXPERIMENT, runs_dir=tmp_path / "runs", name="hush", generations=1, quiet=True)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
 def test_quiet_keeps_third_party_output_off_the_console_and_in_run_log(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture) -> None:
     from transformers.utils import logging as hf_logging
