@@ -136,7 +136,7 @@ def test_chaos_members_and_shards_killed_at_seeded_random_moments(tmp_path: Path
     assert run.wait(900) == 0, run.tail()
     assert {w for w, _ in done} == {"member", "shard"}, done
     lost = [f for f in failures(run_dir) if f[3] == "lost"]
-    assert all(f[4] == 1 for f in lost), failures(run_dir)  # every lost member attempt was retried
+    assert lost and all(f[4] == 1 for f in lost), (failures(run_dir), done)  # killed members: retried
     assert table(run_dir) == table(tmp_path / "runs" / "clean")
     for g in range(3):
         assert store_counts(run_dir, g) == store_counts(tmp_path / "runs" / "clean", g), (g, done)
