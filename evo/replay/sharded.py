@@ -37,6 +37,7 @@ written by the caller) and restore. See docs/replay.md, "Shards".
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 import uuid
@@ -129,6 +130,9 @@ class _LocalShards:
     def call(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
         return [getattr(self.bodies[i], m)(*a) for i, m, a in calls]
 
+    def call_one(self, i: int, method: str, args: tuple) -> Any:
+        return getattr(self.bodies[i], method)(*args)
+
     def stop(self) -> None:
         pass
 
@@ -143,6 +147,11 @@ class _RayShards:
         import ray
 
         return ray.get([getattr(self.actors[i], m).remote(*a) for i, m, a in calls], timeout=self.timeout_s)
+
+    def call_one(self, i: int, method: str, args: tuple) -> Any:
+        import ray
+
+        return ray.get(getattr(self.actors[i], method).remote(*args), timeout=self.timeout_s)
 
     def stop(self) -> None:
         import ray
@@ -175,6 +184,7 @@ class ShardedReplay:
         self._age = 0
         # [N, 3] of the view basis this client is bound to (bound_to): seeded reads use these
         self._frozen: np.ndarray | None = None
+        self._fast: tuple | None = None  # (_last, cumulative masses, rows of _last): see _cache_fast
         self.calls = 0  # shard calls made by this client object (tests count them)
 
     # ------------------------------------------------------------------ construction
@@ -382,6 +392,9 @@ class ShardedReplay:
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
         one = self.draw == "one" and (seed is not None or self._spi is None)
+        fast = self._fast
+        if seed is None and one and fast is not None and fast[0] is self._last and self._age < _REFRESH_EVERY:
+            return self._draw_fast(fast, batch_size, length, timeout)
         if seed is not None and self._frozen is not None:
             m = self._frozen  # a bound view's read: the generation's masses, no round of calls
         else:
@@ -436,12 +449,39 @@ class ShardedReplay:
             self._last[i] = st
             self._age += 1
             m = self._last
+            self._cache_fast()
+        return self._rescaled(batch, length, m[:, 2].min(), m[i, 2])
+
+    def _rescaled(self, batch, length: int | None, low: float, own: float):
+        """Importance weights of one shard's batch against the smallest priority over all shards."""
+        if self._sampler == "prioritized" and np.isfinite(own) and own > 0 and low < own:
+            w = (np.asarray(batch.weights) * np.float32((low / own) ** self._beta)).astype(np.float32)
+            return (SampleBatch(batch.data, batch.keys, w) if length is None
+                    else SequenceBatch(batch.data, batch.mask, batch.keys, w))
+        return batch
+
+    def _cache_fast(self) -> None:
+        """What the next unseeded one-shard draws need, as plain Python numbers (``_draw_fast``): kept
+        while ``_last`` is the same object and valid to draw from, else None (the full path decides)."""
+        m = self._last
+        ok = (m is not None and m[:, 0].sum() > 0 and m[:, 1].sum() > 0
+              and (self._min_size is None or m[:, 0].sum() >= self._min_size))
+        self._fast = (m, np.cumsum(m[:, 1]).tolist(), [tuple(r) for r in m.tolist()]) if ok else None
+
+    def _draw_fast(self, fast: tuple, batch_size: int, length: int | None, timeout: float | None):
+        """``_draw_one`` for an unseeded batch whose masses this client knows: the same choice from the
+        same generator (bisect on the cumulative masses is searchsorted's right side), less numpy."""
+        m, cum, known = fast
+        i = min(bisect.bisect_right(cum, self._rng.random() * cum[-1]), self.n_shards - 1)
+        self.calls += 1
+        batch, st = self._shards.call_one(i, "sample_part", (batch_size, length, timeout, None))
+        self._age += 1
+        st = tuple(st)
+        if st != known[i]:  # the shard's mass moved: refresh what this client knows
+            m[i] = st
+            self._cache_fast()
         if self._sampler == "prioritized":
-            low, own = m[:, 2].min(), m[i, 2]
-            if np.isfinite(own) and own > 0 and low < own:
-                w = np.asarray(batch.weights) * np.float32((low / own) ** self._beta)
-                batch = (SampleBatch(batch.data, batch.keys, w.astype(np.float32)) if length is None
-                         else SequenceBatch(batch.data, batch.mask, batch.keys, w.astype(np.float32)))
+            return self._rescaled(batch, length, m[:, 2].min(), m[i, 2])
         return batch
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
@@ -485,7 +525,7 @@ class ShardedReplay:
         bound = object.__new__(type(self))
         bound.__dict__.update(self.__dict__)
         bound._frozen = np.array(basis.parts, dtype=np.float64).reshape(self.n_shards, 3)
-        bound._last, bound._age, bound.calls = None, 0, 0
+        bound._last, bound._fast, bound._age, bound.calls = None, None, 0, 0
         bound._rng = np.random.Generator(np.random.PCG64())  # never shares the unseeded stream
         return bound
 
