@@ -117,6 +117,11 @@ class _ReplayActor:
         with self._cond:
             if self._snapshot_dir is not None:
                 shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+                if os.path.basename(os.path.normpath(self._snapshot_dir)).startswith("shard-"):
+                    try:  # a sharded store's directory: the last shard to leave removes it
+                        os.rmdir(os.path.dirname(os.path.normpath(self._snapshot_dir)))
+                    except OSError:
+                        pass
 
     def _blocking(self, fn, timeout: float | None):
         """Run ``fn`` under the lock; while the rate limiter refuses, wait for the other side."""

@@ -217,3 +217,18 @@ def test_a_shard_sigkilled_mid_generation_serves_the_same_reads_and_commits_once
         assert b1.max_priority == b2.max_priority
     finally:
         s.stop()
+
+
+def test_a_runs_replay_store_removes_its_restart_snapshots_when_it_stops():
+    """build_replay gives a run's shards restart snapshots in a temporary directory of their own; stopping
+    the store (the scheduler's close) removes it."""
+    from evo.replay import ReplaySpec, build_replay
+
+    spec = ReplaySpec(SCHEMA, capacity=100, shards=2)
+    store = build_replay(spec, seed=0, distributed=True)
+    store.insert(rows(10))
+    store.view_basis()  # a generation's start: the shards checkpoint
+    root = store._snapshot_dir
+    assert any(os.scandir(root))
+    store.stop()
+    assert not os.path.exists(root)
