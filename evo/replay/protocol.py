@@ -104,18 +104,31 @@ class ReplaySpec:
                 "seed": int(seed), "episode_field": self.episode_field, "rate_limiter": limiter}
 
 
+#: how many times a run's replay actor (each shard) may be restarted after its process dies
+RESTARTS = 8
+
+
 def build_replay(spec: ReplaySpec, seed: int, distributed: bool) -> Replay:
     """The store for `spec`: in this process, or Ray actors every worker reaches (`distributed`):
     one replay actor, or `spec.shards` of them behind a `ShardedReplay`."""
+    if distributed:
+        # restart snapshots on the actors' nodes: an actor that dies mid-generation comes back to the
+        # generation's start (its view_basis checkpoint) plus the boundary writes it logged since
+        from evo.replay.service import restart_dir
+
+        restarts = {"snapshot_dir": restart_dir(), "max_restarts": RESTARTS}
     if distributed and spec.shards > 1:
         from evo.replay.sharded import ShardedReplay
 
-        store: Replay = ShardedReplay.start(spec.schema, spec.shards, spread=spec.spread, **spec.store_kwargs(seed))
+        store: Replay = ShardedReplay.start(spec.schema, spec.shards, spread=spec.spread, **restarts,
+                                            **spec.store_kwargs(seed))
+        store.owns_snapshot_dir = True
     elif distributed:
         from evo.replay.service import ReplayService
 
-        store = ReplayService.start(spec.schema, scheduling_strategy="SPREAD" if spec.spread else None,
+        store = ReplayService.start(spec.schema, scheduling_strategy="SPREAD" if spec.spread else None, **restarts,
                                     **spec.store_kwargs(seed))
+        store.owns_snapshot_dir = True
     else:
         if spec.shards > 1:
             import warnings

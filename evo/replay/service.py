@@ -10,7 +10,15 @@ Fault tolerance: with ``snapshot_dir`` the actor snapshots every ``snapshot_ever
 (and on ``snapshot()``); if the actor process dies, Ray restarts it (``max_restarts``) and its
 constructor restores the newest complete snapshot, and calls in flight are retried
 (``max_task_retries``) — inserts are idempotent apart from reference counts, thanks to dedup.
-That ``snapshot_dir`` is a path on the actor's node. A snapshot the *caller* asks for
+That ``snapshot_dir`` is a path on the actor's node. With one, the actor also *checkpoints* when
+asked for its ``view_basis`` (a generation's start: the state every member view reads) if it
+changed since its last snapshot, and logs each boundary write (``apply_staged``,
+``apply_shard_ops``) to a write-ahead log beside that snapshot before applying it, under the
+call's token: a restarted actor restores the checkpoint and replays the log, and a retried call
+whose token the log holds is answered without applying it twice. So an actor killed
+mid-generation comes back to exactly the generation's start (the members' seeded reads, retried by
+Ray, return the same rows), and one killed during the boundary loses and doubles nothing
+(docs/replay.md, "Restarts"). A snapshot the *caller* asks for
 (``snapshot(dir)``, ``load_snapshot(dir)``; the run store's per-generation snapshots) travels
 through Ray instead: the actor returns its arrays and the caller writes the files, or the caller
 reads them and sends them, so the driver's run directory need not exist where the actor runs.
@@ -20,9 +28,13 @@ reads them and sends them, so the driver's run directory need not exist where th
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,12 +57,71 @@ class _ReplayActor:
         self._snapshot_every = snapshot_every
         self._timeout = rate_limit_timeout_s
         self.restored_from = None
+        self._applied: dict[str, dict] = {}  # token -> result of the boundary writes since the checkpoint
+        self._dirty = False  # changed since the last snapshot in snapshot_dir
+        self.replayed = 0  # write-ahead log entries replayed by this process at start
         if snapshot_dir is not None and latest_complete(snapshot_dir) is not None:
             self.restored_from = latest_complete(snapshot_dir)
             self._store = ReplayStore.restore(snapshot_dir, hash_fn=store_kwargs.get("hash_fn"))
         else:
             self._store = ReplayStore(Schema.from_json(schema_json), **store_kwargs)
+        if snapshot_dir is not None:
+            self._replay_log()
         self._rows_at_snapshot = self._store.counters["rows_inserted"]
+
+    # ---- the write-ahead log of boundary writes (module docstring) ------------------------------
+    def _log_dir(self) -> str:
+        base = os.path.basename(self.restored_from) if self.restored_from else "initial"
+        return os.path.join(self._snapshot_dir, "wal", base)
+
+    def _replay_log(self) -> None:
+        """Apply the boundary writes logged since the snapshot this process restored, in order."""
+        d = self._log_dir()
+        if not os.path.isdir(d):
+            return
+        for name in sorted(n for n in os.listdir(d) if n.endswith(".npz")):
+            kind, token, ops = _read_entry(os.path.join(d, name))
+            self._applied[token] = self._apply(kind, ops)
+            self.replayed += 1
+            self._dirty = True
+
+    def _apply(self, kind: str, ops: list) -> dict:
+        if kind == "staged":
+            return self._store.apply_staged(StagedWrites(ops))
+        from evo.replay.sharded import apply_shard_ops
+
+        return apply_shard_ops(self._store, ops)
+
+    def _logged(self, kind: str, ops: list, token: str | None) -> dict:
+        """Apply boundary writes once: logged first (with a snapshot_dir), skipped if ``token`` was applied."""
+        durable = self._snapshot_dir is not None and token is not None
+        if durable and token in self._applied:
+            return self._applied[token]  # a retried call: applied before this process died (or by it)
+        if durable:
+            _write_entry(os.path.join(self._log_dir(), f"{len(self._applied):06d}.npz"), kind, token, ops)
+        out = self._apply(kind, ops)
+        if durable:  # remembered until the next checkpoint (without a snapshot_dir a restart is empty anyway)
+            self._applied[token] = out
+        self._dirty = True
+        return out
+
+    def _checkpoint_locked(self) -> None:
+        """Snapshot into snapshot_dir if the store changed since the last one there (or there is none),
+        then drop the logs of older snapshots: the state a restart comes back to."""
+        if self._snapshot_dir is None or (not self._dirty and self.restored_from is not None):
+            return
+        self._snapshot_locked(self._snapshot_dir)
+
+    def discard_snapshots(self) -> None:
+        """Remove this actor's snapshot_dir (a run's restart snapshots, when the run stops)."""
+        with self._cond:
+            if self._snapshot_dir is not None:
+                shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+                if os.path.basename(os.path.normpath(self._snapshot_dir)).startswith("shard-"):
+                    try:  # a sharded store's directory: the last shard to leave removes it
+                        os.rmdir(os.path.dirname(os.path.normpath(self._snapshot_dir)))
+                    except OSError:
+                        pass
 
     def _blocking(self, fn, timeout: float | None):
         """Run ``fn`` under the lock; while the rate limiter refuses, wait for the other side."""
@@ -72,6 +143,7 @@ class _ReplayActor:
 
     def insert(self, batch: Mapping[str, np.ndarray], timeout: float | None = None) -> np.ndarray:
         keys = self._blocking(lambda: self._store.insert(batch), timeout)
+        self._dirty = True
         if self._snapshot_dir and self._snapshot_every:
             with self._cond:
                 if self._store.counters["rows_inserted"] - self._rows_at_snapshot >= self._snapshot_every:
@@ -91,20 +163,26 @@ class _ReplayActor:
                 return self._store.sample_sequences(batch_size, length, seed)
         return self._blocking(lambda: self._store.sample_sequences(batch_size, length), timeout)
 
-    def apply_staged(self, staged: StagedWrites) -> dict:
-        """One member view's writes of a generation, replayed in one call (see ReplayStore.apply_staged)."""
+    def apply_staged(self, staged: StagedWrites, token: str | None = None) -> dict:
+        """One member view's writes of a generation, replayed in one call (see ReplayStore.apply_staged);
+        logged and applied once per ``token`` (module docstring)."""
         with self._cond:
-            out = self._store.apply_staged(staged)
+            out = self._logged("staged", staged.ops, token)
             self._cond.notify_all()
             return out
 
     def call(self, method: str, *args: Any) -> Any:
-        """Non-blocking store methods (get, contains, refcounts, update_priorities, stats, hash, len)."""
+        """Non-blocking store methods (get, contains, refcounts, update_priorities, stats, hash, len,
+        view_basis — which first checkpoints a changed store that has a snapshot_dir)."""
         if method not in _PLAIN:
             raise ReplayError(f"unknown replay method {method!r}")
         with self._cond:
             if method == "__len__":
                 return len(self._store)
+            if method == "view_basis":
+                self._checkpoint_locked()
+            elif method == "update_priorities":
+                self._dirty = True
             return getattr(self._store, method)(*args)
 
     def snapshot(self, dir: str | None = None, keep: int = 2) -> str:
@@ -123,6 +201,7 @@ class _ReplayActor:
             self._store.load_state(meta, arrays)
             self.restored_from = path
             self._rows_at_snapshot = self._store.counters["rows_inserted"]
+            self._dirty = True
             if self._snapshot_dir is not None:
                 self._snapshot_locked(self._snapshot_dir)
             self._cond.notify_all()
@@ -131,8 +210,7 @@ class _ReplayActor:
     def mass(self) -> tuple[int, float, float]:
         """(rows, sampling mass, smallest positive priority**alpha) as of now."""
         with self._cond:
-            b = self._store.view_basis()
-            return b.size, b.mass, b.min_leaf
+            return self._store.mass()
 
     def sample_part(self, batch_size: int, length: int | None, timeout: float | None,
                     seed: int | None) -> tuple[SampleBatch | SequenceBatch | None, tuple[int, float, float]]:
@@ -144,8 +222,7 @@ class _ReplayActor:
             if batch_size:
                 out = (self._store.sample(batch_size, seed) if length is None
                        else self._store.sample_sequences(batch_size, length, seed))
-            b = self._store.view_basis()
-            return out, (b.size, b.mass, b.min_leaf)
+            return out, self._store.mass()
 
         if seed is not None or not batch_size:
             with self._cond:
@@ -170,13 +247,13 @@ class _ReplayActor:
         with self._cond:
             sampler = self._store._sampler
             sampler.max_priority = max(sampler.max_priority, float(priority))
+            self._dirty = True
 
-    def apply_shard_ops(self, ops: list) -> dict:
-        """This shard's part of a member's staged writes, in the member's order (see sharded.py)."""
-        from evo.replay.sharded import apply_shard_ops
-
+    def apply_shard_ops(self, ops: list, token: str | None = None) -> dict:
+        """This shard's part of a member's staged writes, in the member's order (see sharded.py);
+        logged and applied once per ``token``."""
         with self._cond:
-            out = apply_shard_ops(self._store, ops)
+            out = self._logged("shard_ops", ops, token)
             self._cond.notify_all()
             return out
 
@@ -185,14 +262,67 @@ class _ReplayActor:
             raise ReplayError("snapshot needs a directory (none given and the service has no snapshot_dir)")
         path = self._store.snapshot(dir, keep=keep)
         self._rows_at_snapshot = self._store.counters["rows_inserted"]
+        if self._snapshot_dir is not None and os.path.abspath(dir) == os.path.abspath(self._snapshot_dir):
+            # the restart point moved here: the logs of earlier snapshots are spent
+            self.restored_from, self._dirty, self._applied = path, False, {}
+            wal = os.path.join(self._snapshot_dir, "wal")
+            if os.path.isdir(wal):
+                for name in os.listdir(wal):
+                    if name != os.path.basename(path):
+                        shutil.rmtree(os.path.join(wal, name), ignore_errors=True)
         return path
 
     def info(self) -> dict:
         return {"capacity": self._store.capacity, "schema": self._store.schema.to_json(),
-                "restored_from": self.restored_from, "pid": os.getpid()}
+                "restored_from": self.restored_from, "pid": os.getpid(), "replayed": self.replayed}
 
 
 _PLAIN = {"get", "contains", "refcounts", "update_priorities", "stats", "hash", "__len__", "view_basis"}
+
+
+def _write_entry(path: str, kind: str, token: str, ops: list) -> None:
+    """One write-ahead log entry: ``ops`` as .npz arrays plus a JSON header, written to a temporary
+    file, fsynced and renamed into place (a torn entry is never read)."""
+    arrays: dict[str, np.ndarray] = {}
+    shape = []
+    for i, op in enumerate(ops):
+        if op[0] == "insert":
+            shape.append(["insert", sorted(op[1])])
+            arrays.update({f"{i}.{k}": np.asarray(v) for k, v in op[1].items()})
+        else:
+            shape.append(["priorities"])
+            arrays[f"{i}.keys"], arrays[f"{i}.p"] = np.asarray(op[1]), np.asarray(op[2])
+    head = json.dumps({"kind": kind, "token": token, "ops": shape}).encode()
+    arrays["__head__"] = np.frombuffer(head, dtype=np.uint8)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_entry(path: str) -> tuple[str, str, list]:
+    with np.load(path, allow_pickle=False) as z:
+        head = json.loads(bytes(z["__head__"]).decode())
+        ops: list[tuple[Any, ...]] = []
+        for i, op in enumerate(head["ops"]):
+            if op[0] == "insert":
+                ops.append(("insert", {k: z[f"{i}.{k}"] for k in op[1]}))
+            else:
+                ops.append(("priorities", z[f"{i}.keys"], z[f"{i}.p"]))
+    return head["kind"], head["token"], ops
+
+
+def restart_dir() -> str:
+    """A fresh path for a run's replay restart snapshots (created by the actor on its node)."""
+    return os.path.join(tempfile.gettempdir(), f"evo-replay-{uuid.uuid4().hex[:12]}")
 
 
 class ReplayService:
@@ -263,8 +393,9 @@ class ReplayService:
         return self._get(self._actor.call.remote("view_basis"))
 
     def apply_staged(self, staged: StagedWrites) -> dict:
-        """Replay a member view's staged writes in the actor, in one call."""
-        return self._get(self._actor.apply_staged.remote(staged))
+        """Replay a member view's staged writes in the actor, in one call (applied once, also when
+        Ray retries it on a restarted actor: the call carries a fresh token)."""
+        return self._get(self._actor.apply_staged.remote(staged, uuid.uuid4().hex))
 
     def get(self, keys: Any) -> dict[str, np.ndarray]:
         return self._get(self._actor.call.remote("get", np.asarray(keys)))
@@ -313,10 +444,18 @@ class ReplayService:
     def actor(self) -> Any:
         return self._actor
 
+    #: set by whoever made the snapshot_dir for this store alone (build_replay: a run's restart snapshots)
+    owns_snapshot_dir = False
+
     def stop(self) -> None:
-        """Kill the actor for good (no restart)."""
+        """Kill the actor for good (no restart), first removing its snapshot_dir if this client owns it."""
         import ray
 
+        if self.owns_snapshot_dir:
+            try:
+                self._get(self._actor.discard_snapshots.remote())
+            except Exception:  # already gone
+                pass
         ray.kill(self._actor, no_restart=True)
 
 

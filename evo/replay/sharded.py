@@ -6,15 +6,28 @@ same shard and deduplication stays exact. A store with an ``episode_field`` rout
 of the episode id instead, so a trajectory's rows stay together and sequence windows are linked as
 in one store; that needs the episode field to be a key field (equal rows then still share a shard).
 
-Sampling. A batch is split across shards by one multinomial draw over their sampling masses (rows
-for uniform, the sum of priority**alpha for prioritised), then every shard draws its share at once
-(in parallel on Ray). Each row is thus drawn with the probability one big store would give it. The
-masses are those every shard reported with this client's previous batch (each answers with its
-share and its mass), so a batch is one round of calls, not two; they are asked for first when this
-client has none, or wrote since (so they lag only other clients' writes since its previous batch).
+Sampling (``draw="one"``, the default). A whole batch comes from one shard, chosen with
+probability proportional to its sampling mass (rows for uniform, the sum of priority**alpha for
+prioritised); that shard draws all of it. A row of shard i is then drawn with probability
+(mass_i / total) * (p_row / mass_i) = p_row / total in every slot of the batch: exactly one big
+store's probability. A batch costs one call to one shard. The masses are those the shards reported
+with this client's earlier batches (a shard answers with its draw and its current mass); all of
+them are asked for first when this client has none, wrote since, or drew ``_REFRESH_EVERY`` batches
+since it last asked them all. Rows of one batch share a shard, which content-hash routing makes a
+random partition of the rows (docs/replay.md, "Shards": what changes for a batch's composition).
+
+``draw="split"`` (the earlier design, kept for comparison and for rate-limited stores): a batch is
+split across all shards by one multinomial draw over their masses and every shard draws its share,
+at once. Unseeded draws of a store whose rate limiter has ``samples_per_insert`` always split (each
+shard keeps its own samples-per-insert balance with 1/N of the error buffer: whole batches on one
+shard would need N times the buffer).
+
 Importance weights come back normalised by each shard's smallest priority and are rescaled to the
 smallest over all shards, as one store computes them. A seeded draw (a member view's read) takes
-the split and the per-shard seeds from that seed, so it is reproducible.
+the shard choice (or split) and the shard's seed from that seed, so it is reproducible. A member
+view binds the client to its generation's basis (``bound_to``): its seeded reads then take the
+shards' masses from the basis instead of asking (the shared store does not change during a
+generation), so each costs one call.
 
 Everything else works per shard: FIFO eviction within each shard's slice of the capacity, the
 samples-per-insert balance of the rate limiter (each shard with 1/N of the error buffer; the
@@ -24,8 +37,10 @@ written by the caller) and restore. See docs/replay.md, "Shards".
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,6 +59,8 @@ __all__ = ["ShardedReplay", "route", "apply_shard_ops"]
 SNAPSHOT_FORMAT = "sharded/1"
 _EPISODE_SALT = np.uint64(0x5EA5_0DE5_1A7E_5EED)
 _POLL_S = 0.02  # how often a sample waiting for the minimum size re-reads the shards' sizes
+_REFRESH_EVERY = 32  # one-shard draws: ask every shard's mass again after this many unseeded batches
+DRAWS = ("one", "split")
 
 
 def route(schema: Schema, arrays: Mapping[str, np.ndarray], shards: int, episode_field: str | None = None,
@@ -113,6 +130,9 @@ class _LocalShards:
     def call(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
         return [getattr(self.bodies[i], m)(*a) for i, m, a in calls]
 
+    def call_one(self, i: int, method: str, args: tuple) -> Any:
+        return getattr(self.bodies[i], method)(*args)
+
     def stop(self) -> None:
         pass
 
@@ -128,6 +148,11 @@ class _RayShards:
 
         return ray.get([getattr(self.actors[i], m).remote(*a) for i, m, a in calls], timeout=self.timeout_s)
 
+    def call_one(self, i: int, method: str, args: tuple) -> Any:
+        import ray
+
+        return ray.get(getattr(self.actors[i], method).remote(*args), timeout=self.timeout_s)
+
     def stop(self) -> None:
         import ray
 
@@ -142,16 +167,25 @@ class ShardedReplay:
 
     def __init__(self, shards: _LocalShards | _RayShards, n: int, schema: Schema, capacity: int, sampler: str,
                  beta: float, episode_field: str | None, min_size_to_sample: int | None, hash_fn: HashFn | None,
-                 seed: int, rate_limit_timeout_s: float, snapshot_dir: str | None = None) -> None:
+                 seed: int, rate_limit_timeout_s: float, snapshot_dir: str | None = None, draw: str = "one",
+                 samples_per_insert: float | None = None) -> None:
+        if draw not in DRAWS:
+            raise ReplayError(f"draw must be one of {list(DRAWS)}, found {draw!r}")
         self._shards, self.n_shards, self.schema, self.capacity = shards, n, schema, capacity
         self._sampler, self._beta, self.episode_field = sampler, beta, episode_field
         self._min_size, self._hash_fn, self.seed = min_size_to_sample, hash_fn, seed
         self._timeout, self._snapshot_dir = rate_limit_timeout_s, snapshot_dir
+        self.draw, self._spi = draw, samples_per_insert
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 0x5A4D])))
         # [N, 3] rows, mass, smallest leaf of each shard as its last answer to this client reported
-        # them; the next unseeded batch is split by these (None: ask first). This client's own
-        # writes clear it.
+        # them; the next unseeded batch is drawn by these (None: ask first). This client's own
+        # writes clear it; `_age` counts one-shard batches since every shard last answered.
         self._last: np.ndarray | None = None
+        self._age = 0
+        # [N, 3] of the view basis this client is bound to (bound_to): seeded reads use these
+        self._frozen: np.ndarray | None = None
+        self._fast: tuple | None = None  # (_last, cumulative masses, rows of _last): see _cache_fast
+        self.calls = 0  # shard calls made by this client object (tests count them)
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -173,21 +207,23 @@ class ShardedReplay:
 
     @classmethod
     def in_process(cls, schema: Schema, shards: int, capacity: int = 100_000, seed: int = 0,
-                   rate_limiter: RateLimiter | None = None, **store_kwargs: Any) -> ShardedReplay:
-        """N shards in this process (a refused rate-limited call raises at once, as a ReplayStore does)."""
+                   rate_limiter: RateLimiter | None = None, draw: str = "one", **store_kwargs: Any) -> ShardedReplay:
+        """N shards in this process (a refused rate-limited call raises at once, as a ReplayStore does).
+        ``draw``: "one" (a batch from one shard chosen by mass) or "split" (module docstring)."""
         from evo.replay.service import _ReplayActor
 
         cls._check(schema, shards, capacity, store_kwargs.get("episode_field"))
         bodies = [_ReplayActor(schema.to_json(), None, None, 0.0,
                                cls._shard_kwargs(shards, i, capacity, seed, rate_limiter, store_kwargs))
                   for i in range(shards)]
-        return cls._client(_LocalShards(bodies), shards, schema, capacity, seed, rate_limiter, store_kwargs, 0.0, None)
+        return cls._client(_LocalShards(bodies), shards, schema, capacity, seed, rate_limiter, store_kwargs, 0.0, None,
+                           draw)
 
     @classmethod
     def start(cls, schema: Schema, shards: int, spread: bool = False, name: str | None = None,
               snapshot_dir: str | os.PathLike | None = None, snapshot_every: int | None = None, max_restarts: int = 3,
               rate_limit_timeout_s: float = 30.0, max_concurrency: int = 8, capacity: int = 100_000, seed: int = 0,
-              rate_limiter: RateLimiter | None = None, **store_kwargs: Any) -> ShardedReplay:
+              rate_limiter: RateLimiter | None = None, draw: str = "one", **store_kwargs: Any) -> ShardedReplay:
         """Start ``shards`` replay actors (``num_cpus=0``; ``spread``: Ray's SPREAD strategy, one per
         node where it can) and return the client. ``snapshot_dir``/``snapshot_every`` give each shard
         its own restart snapshots under ``snapshot_dir/shard-NNN`` (paths on the shard's node)."""
@@ -205,15 +241,16 @@ class ShardedReplay:
         for a in actors:  # started concurrently; wait until each answers (a bad store_kwargs raises here)
             ReplayService(a)
         return cls._client(_RayShards(actors, None), shards, schema, capacity, seed, rate_limiter, store_kwargs,
-                           rate_limit_timeout_s, None if snapshot_dir is None else os.fspath(snapshot_dir))
+                           rate_limit_timeout_s, None if snapshot_dir is None else os.fspath(snapshot_dir), draw)
 
     @classmethod
-    def _client(cls, shards, n, schema, capacity, seed, rate_limiter, store_kwargs, timeout, snapshot_dir):
+    def _client(cls, shards, n, schema, capacity, seed, rate_limiter, store_kwargs, timeout, snapshot_dir, draw):
         sampler = store_kwargs.get("sampler", "uniform")
         return cls(shards, n, schema, capacity, "prioritized" if sampler in ("prioritized", "prioritised") else sampler,
                    float(store_kwargs.get("beta", 0.4)), store_kwargs.get("episode_field"),
                    rate_limiter.min_size_to_sample if rate_limiter is not None else None, store_kwargs.get("hash_fn"),
-                   int(seed), float(timeout), snapshot_dir)
+                   int(seed), float(timeout), snapshot_dir, draw,
+                   rate_limiter.samples_per_insert if rate_limiter is not None else None)
 
     @classmethod
     def restore(cls, dir: str | os.PathLike, in_process: bool = False, hash_fn: HashFn | None = None,
@@ -233,8 +270,12 @@ class ShardedReplay:
         return made
 
     # ------------------------------------------------------------------ basics
+    def _call(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:
+        self.calls += len(calls)
+        return self._shards.call(calls)
+
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._shards.call([(i, method, args) for i in range(self.n_shards)])
+        return self._call([(i, method, args) for i in range(self.n_shards)])
 
     def __len__(self) -> int:
         return int(sum(self._all("call", "__len__")))
@@ -299,7 +340,7 @@ class ShardedReplay:
         calls = [(i, "insert", ({k: v[idx] for k, v in arrays.items()} if idx.size < n else arrays, timeout))
                  for i, idx in parts]
         keys = np.empty(n, dtype=np.uint64)
-        for (_, idx), got in zip(parts, self._shards.call(calls)):
+        for (_, idx), got in zip(parts, self._call(calls)):
             keys[idx] = got
         return keys
 
@@ -350,23 +391,36 @@ class ShardedReplay:
     def _draw(self, batch_size: int, length: int | None, timeout: float | None, seed: int | None):
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
-        m = self._last if seed is None else None
-        if m is None or (self._min_size is not None and m[:, 0].sum() < self._min_size) or not m[:, 1].sum() > 0:
-            m = self._masses(batch_size, timeout, seed is not None)
+        one = self.draw == "one" and (seed is not None or self._spi is None)
+        fast = self._fast
+        if seed is None and one and fast is not None and fast[0] is self._last and self._age < _REFRESH_EVERY:
+            return self._draw_fast(fast, batch_size, length, timeout)
+        if seed is not None and self._frozen is not None:
+            m = self._frozen  # a bound view's read: the generation's masses, no round of calls
+        else:
+            m = self._last if seed is None and not (one and self._age >= _REFRESH_EVERY) else None
+            if m is None or (self._min_size is not None and m[:, 0].sum() < self._min_size) or not m[:, 1].sum() > 0:
+                m = self._masses(batch_size, timeout, seed is not None)
+                if seed is None:
+                    self._last, self._age = m, 0
         if m[:, 0].sum() == 0:
             raise ReplayError("cannot sample from an empty store")
         mass = m[:, 1]
-        if not mass.sum() > 0:
+        total = mass.sum()
+        if not total > 0:
             raise ReplayError("prioritized sampling: every stored row has priority 0")
         rng = self._rng if seed is None else np.random.Generator(np.random.PCG64(int(seed)))
-        counts = rng.multinomial(batch_size, mass / mass.sum())
+        if one:
+            return self._draw_one(m, rng, batch_size, length, timeout, seed)
+        counts = rng.multinomial(batch_size, mass / total)
         seeds = rng.integers(0, 2**63, size=self.n_shards) if seed is not None else [None] * self.n_shards
         # every shard answers (a share of 0 just reports its mass), so the next split has fresh masses
         calls = [(i, "sample_part", (int(c), length, timeout, None if seeds[i] is None else int(seeds[i])))
                  for i, c in enumerate(counts)]
-        got = self._shards.call(calls)
+        got = self._call(calls)
         now = np.array([st for _, st in got], dtype=np.float64).reshape(self.n_shards, 3)
-        self._last = now
+        if seed is None:
+            self._last, self._age = now, 0
         mins = now[:, 2]
         parts = [(i, b) for i, (b, _) in enumerate(got) if b is not None]
         weights = [np.asarray(b.weights) for _, b in parts]
@@ -380,6 +434,55 @@ class ShardedReplay:
         if length is None:
             return SampleBatch(data, keys, w)
         return SequenceBatch(data, np.concatenate([np.asarray(b.mask) for _, b in parts]), keys, w)
+
+    def _draw_one(self, m: np.ndarray, rng: np.random.Generator, batch_size: int, length: int | None,
+                  timeout: float | None, seed: int | None):
+        """The whole batch from one shard, chosen with probability mass_i / total (module docstring)."""
+        mass = m[:, 1]
+        cum = np.cumsum(mass)
+        i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), self.n_shards - 1)
+        shard_seed = None if seed is None else int(rng.integers(0, 2**63))
+        batch, st = self._call([(i, "sample_part", (batch_size, length, timeout, shard_seed))])[0]
+        if seed is None:  # this shard's fresh mass replaces what this client knew of it
+            if self._last is not m:
+                self._last = m.copy()
+            self._last[i] = st
+            self._age += 1
+            m = self._last
+            self._cache_fast()
+        return self._rescaled(batch, length, m[:, 2].min(), m[i, 2])
+
+    def _rescaled(self, batch, length: int | None, low: float, own: float):
+        """Importance weights of one shard's batch against the smallest priority over all shards."""
+        if self._sampler == "prioritized" and np.isfinite(own) and own > 0 and low < own:
+            w = (np.asarray(batch.weights) * np.float32((low / own) ** self._beta)).astype(np.float32)
+            return (SampleBatch(batch.data, batch.keys, w) if length is None
+                    else SequenceBatch(batch.data, batch.mask, batch.keys, w))
+        return batch
+
+    def _cache_fast(self) -> None:
+        """What the next unseeded one-shard draws need, as plain Python numbers (``_draw_fast``): kept
+        while ``_last`` is the same object and valid to draw from, else None (the full path decides)."""
+        m = self._last
+        ok = (m is not None and m[:, 0].sum() > 0 and m[:, 1].sum() > 0
+              and (self._min_size is None or m[:, 0].sum() >= self._min_size))
+        self._fast = (m, np.cumsum(m[:, 1]).tolist(), [tuple(r) for r in m.tolist()]) if ok else None
+
+    def _draw_fast(self, fast: tuple, batch_size: int, length: int | None, timeout: float | None):
+        """``_draw_one`` for an unseeded batch whose masses this client knows: the same choice from the
+        same generator (bisect on the cumulative masses is searchsorted's right side), less numpy."""
+        m, cum, known = fast
+        i = min(bisect.bisect_right(cum, self._rng.random() * cum[-1]), self.n_shards - 1)
+        self.calls += 1
+        batch, st = self._shards.call_one(i, "sample_part", (batch_size, length, timeout, None))
+        self._age += 1
+        st = tuple(st)
+        if st != known[i]:  # the shard's mass moved: refresh what this client knows
+            m[i] = st
+            self._cache_fast()
+        if self._sampler == "prioritized":
+            return self._rescaled(batch, length, m[:, 2].min(), m[i, 2])
+        return batch
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """Set priorities of stored keys (on whichever shard holds each); returns how many were found.
@@ -401,13 +504,30 @@ class ShardedReplay:
 
     # ------------------------------------------------------------------ member views
     def view_basis(self) -> ViewBasis:
-        """The whole store as one basis: sizes and masses summed, the smallest leaf, the largest priority."""
+        """The whole store as one basis: sizes and masses summed, the smallest leaf, the largest
+        priority; ``parts`` keeps each shard's (rows, mass, smallest leaf), which a view's reads use
+        instead of asking the shards (``bound_to``)."""
         bs = self._all("call", "view_basis")
         b0 = bs[0]
         return ViewBasis(size=sum(b.size for b in bs), capacity=sum(b.capacity for b in bs), sampler=b0.sampler,
                          mass=float(sum(b.mass for b in bs)), min_leaf=min(b.min_leaf for b in bs),
                          max_priority=max(b.max_priority for b in bs), alpha=b0.alpha, beta=b0.beta,
-                         episode_field=b0.episode_field, min_size_to_sample=self._min_size or 1, custom_hash=b0.custom_hash)
+                         episode_field=b0.episode_field, min_size_to_sample=self._min_size or 1, custom_hash=b0.custom_hash,
+                         parts=tuple((int(b.size), float(b.mass), float(b.min_leaf)) for b in bs))
+
+    def bound_to(self, basis: ViewBasis) -> ShardedReplay:
+        """A client whose seeded reads take the shards' masses from ``basis`` (this store's
+        ``view_basis()`` at a generation's start) instead of asking every shard first: a member
+        view's read is then one call. The shared store must not change while it is used (a
+        generation: members write through views); the client's other calls are unchanged."""
+        if basis.parts is None or len(basis.parts) != self.n_shards:
+            return self
+        bound = object.__new__(type(self))
+        bound.__dict__.update(self.__dict__)
+        bound._frozen = np.array(basis.parts, dtype=np.float64).reshape(self.n_shards, 3)
+        bound._last, bound._fast, bound._age, bound.calls = None, None, 0, 0
+        bound._rng = np.random.Generator(np.random.PCG64())  # never shares the unseeded stream
+        return bound
 
     def apply_staged(self, staged: StagedWrites) -> dict[str, int]:
         """A member view's writes, split by shard (each shard keeps the member's order; priority
@@ -425,8 +545,9 @@ class ShardedReplay:
                 for ops in per:
                     ops.append(op)
         self._last = None
-        calls = [(i, "apply_shard_ops", (ops,)) for i, ops in enumerate(per) if ops]
-        done = self._shards.call(calls)
+        token = uuid.uuid4().hex  # a shard that Ray retries this on after a restart applies it once
+        calls = [(i, "apply_shard_ops", (ops, token)) for i, ops in enumerate(per) if ops]
+        done = self._call(calls)
         return {"rows": staged.rows, "priority_updates": int(sum(d["priority_updates"] for d in done))}
 
     # ------------------------------------------------------------------ persistence
@@ -462,7 +583,7 @@ class ShardedReplay:
         for i, m in enumerate(meta["shards"]):
             pre = f"shard{i:03d}."
             calls.append((i, "import_state", (m, {k[len(pre):]: v for k, v in arrays.items() if k.startswith(pre)}, path)))
-        self._shards.call(calls)
+        self._call(calls)
         self._last = None
         first = meta["shards"][0]
         self.schema = Schema.from_json(first["schema"])
@@ -470,6 +591,8 @@ class ShardedReplay:
         self._sampler, self.episode_field = first["sampler"], first["episode_field"]
         self._beta = float(first["sampler_state"].get("beta", 0.4))
         self._min_size = meta["client"]["min_size_to_sample"]
+        self._spi = (first.get("rate_limiter") or {}).get("samples_per_insert")
+        self._frozen = None
         self._rng.bit_generator.state = meta["client"]["rng"]
 
     # ------------------------------------------------------------------ Ray plumbing
@@ -481,8 +604,17 @@ class ShardedReplay:
         """The shards' Ray actor handles (empty in process)."""
         return list(getattr(self._shards, "actors", []))
 
+    #: set by whoever made the snapshot_dir for this store alone (build_replay: a run's restart snapshots)
+    owns_snapshot_dir = False
+
     def stop(self) -> None:
-        """Kill the shard actors for good (no restart)."""
+        """Kill the shard actors for good (no restart), first removing their snapshot_dirs if this
+        client owns them."""
+        if self.owns_snapshot_dir:
+            try:
+                self._all("discard_snapshots")
+            except Exception:  # a shard already gone
+                pass
         self._shards.stop()
 
     def __reduce__(self):
@@ -490,13 +622,14 @@ class ShardedReplay:
             raise ReplayError("an in-process ShardedReplay cannot be sent to another process; use ShardedReplay.start")
         return (_rebuild, (self._shards.actors, self.n_shards, self.schema.to_json(), self.capacity, self._sampler,
                            self._beta, self.episode_field, self._min_size, self._hash_fn, self.seed, self._timeout,
-                           self._snapshot_dir))
+                           self._snapshot_dir, self.draw, self._spi, self._frozen))
 
 
 def _rebuild(actors, n, schema_json, capacity, sampler, beta, episode_field, min_size, hash_fn, seed, timeout,
-             snapshot_dir) -> ShardedReplay:
+             snapshot_dir, draw="one", spi=None, frozen=None) -> ShardedReplay:
     c = ShardedReplay(_RayShards(actors, None), n, Schema.from_json(schema_json), capacity, sampler, beta,
-                      episode_field, min_size, hash_fn, seed, timeout, snapshot_dir)
+                      episode_field, min_size, hash_fn, seed, timeout, snapshot_dir, draw, spi)
+    c._frozen = frozen
     # a copy in another process splits its unseeded batches with its own fresh stream (copies that
     # shared the driver's stream would make the same splits); seeded reads do not use it
     c._rng = np.random.Generator(np.random.PCG64())

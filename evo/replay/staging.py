@@ -36,6 +36,8 @@ class ViewBasis:
     episode_field: str | None
     min_size_to_sample: int = 1
     custom_hash: bool = False
+    #: a sharded store's shards, each (rows, mass, smallest leaf) at the basis (None: one store)
+    parts: tuple[tuple[int, float, float], ...] | None = None
 
 
 @dataclass

@@ -514,6 +514,15 @@ class ReplayStore:
         return int(ok.sum())
 
     # ------------------------------------------------------------------ member views
+    def mass(self) -> tuple[int, float, float]:
+        """(rows, sampling mass, smallest positive priority**alpha): what a shard reports with each
+        draw (evo.replay.sharded); the same numbers as ``view_basis``, computed without building it."""
+        if self._sampler_kind == "prioritized":
+            tree = self._sampler.tree
+            return len(self), tree.total, tree.min
+        n = len(self)
+        return n, float(n), 1.0
+
     def view_basis(self) -> ViewBasis:
         """What a member view needs to know of this store at a generation's start (evo.replay.view)."""
         prioritized = self._sampler_kind == "prioritized"

@@ -53,7 +53,8 @@ class MemberView:
     generation's start plus the member's own staged writes. See the module docstring."""
 
     def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int) -> None:
-        self.base = base
+        bind = getattr(base, "bound_to", None)  # a sharded store: reads take the shards' masses from the basis
+        self.base = bind(basis) if bind is not None else base
         self.basis = basis
         self.schema = base.schema
         self.capacity = basis.capacity

@@ -12,6 +12,7 @@ import pytest
 
 from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayService
 from evo.replay.sharded import ShardedReplay
+from evo.replay.view import MemberView
 from tests.replay.helpers import SCHEMA, assert_batches_equal, rows
 
 ray = pytest.importorskip("ray")
@@ -147,3 +148,87 @@ def test_killed_shard_comes_back_from_the_drivers_snapshot(tmp_path, monkeypatch
             run.close()
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------- a shard SIGKILLed mid-generation, restarted by Ray
+def _sigkill_and_wait(actor, pid: int) -> None:
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    _wait_restart(actor, pid)
+
+
+def _wait_restart(actor, pid: int) -> None:
+    deadline = time.time() + 90
+    while True:  # Ray restarts the process; its constructor restores the checkpoint and replays the log
+        try:
+            if ray.get(actor.info.remote(), timeout=10)["pid"] != pid:
+                return
+        except Exception:
+            pass
+        assert time.time() < deadline, "shard actor did not restart"
+        time.sleep(0.2)
+
+
+def test_a_shard_sigkilled_mid_generation_serves_the_same_reads_and_commits_once(tmp_path):
+    """A run's sharded store (restart snapshots, as build_replay starts it): a member view reads, a
+    shard's process is SIGKILLed mid-generation, Ray restarts it and the view's reads — one in flight
+    while the shard was down — are those of a store nobody killed; the boundary's writes, then
+    another kill, and the store equals the unkilled one (rows, refcounts, masses)."""
+    kw = {"capacity": 2000, "sampler": "prioritized", "seed": 6}
+    s = ShardedReplay.start(SCHEMA, 2, snapshot_dir=tmp_path / "restart", **kw)
+    ref = ShardedReplay.in_process(SCHEMA, 2, **kw)
+    try:
+        for st in (s, ref):
+            keys = st.insert(rows(300, seed=1))
+            st.update_priorities(keys[:50], np.linspace(0.2, 3.0, 50))
+        views = [MemberView(st, st.view_basis(), seed=5) for st in (s, ref)]  # view_basis: the checkpoint
+        assert [i["restored_from"].endswith("snapshot-000001") for i in s.info()] == [True, True]
+        for v in views:
+            v.insert(rows(40, seed=2))
+        reads = [[v.sample(64).keys for _ in range(4)] for v in views]
+        pid = s.info()[1]["pid"]
+        out: dict = {}
+        reader = threading.Thread(target=lambda: out.update(k=[views[0].sample(64).keys for _ in range(20)]))
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
+        reader.start()  # reads while the shard is down or restarting: Ray retries them on the new process
+        reader.join(120)
+        _wait_restart(s.actors[1], pid)
+        on_killed = {int(k) for k in keys if k % np.uint64(2) == 1}  # shard = key % 2
+        assert any(on_killed & {int(x) for x in k} for k in out["k"])  # some reads came from the killed shard
+        reads[1] += [views[1].sample(64).keys for _ in range(20)]
+        reads[0] += out["k"]
+        for a, b in zip(*reads):
+            np.testing.assert_array_equal(a, b)
+        for v in views:
+            v.update_priorities(v.sample(32).keys, np.linspace(0.5, 2.0, 32))
+        s.apply_staged(views[0].staged())
+        ref.apply_staged(views[1].staged())
+        _sigkill_and_wait(s.actors[0], s.info()[0]["pid"])  # after the boundary's writes, before a checkpoint
+        assert [i["replayed"] for i in s.info()] == [1, 0]  # shard 0 replayed its logged part
+        got, want = s.stats(), ref.stats()
+        assert {k: got[k] for k in got if k != "samples"} == {k: want[k] for k in want if k != "samples"}
+        keys = ref.sample(500).keys
+        np.testing.assert_array_equal(s.refcounts(keys), ref.refcounts(keys))
+        b1, b2 = s.view_basis(), ref.view_basis()
+        np.testing.assert_allclose(np.array(b1.parts), np.array(b2.parts), rtol=1e-9)
+        assert b1.max_priority == b2.max_priority
+    finally:
+        s.stop()
+
+
+def test_a_runs_replay_store_removes_its_restart_snapshots_when_it_stops():
+    """build_replay gives a run's shards restart snapshots in a temporary directory of their own; stopping
+    the store (the scheduler's close) removes it."""
+    from evo.replay import ReplaySpec, build_replay
+
+    spec = ReplaySpec(SCHEMA, capacity=100, shards=2)
+    store = build_replay(spec, seed=0, distributed=True)
+    store.insert(rows(10))
+    store.view_basis()  # a generation's start: the shards checkpoint
+    root = store._snapshot_dir
+    assert any(os.scandir(root))
+    store.stop()
+    assert not os.path.exists(root)

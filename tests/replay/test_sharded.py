@@ -5,6 +5,7 @@ from a snapshot the driver wrote: tests/replay/test_service.py, which has a Ray 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -73,11 +74,11 @@ def _filled(store, n_rows: int = 120):
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
-def test_sampling_distribution_equals_one_store(sampler):
-    """Counts over many batches fit each row's probability in one big store (chi-square, fixed seeds);
-    the same test on a store sampled without regard to priority fails, so it can fail."""
+def test_split_sampling_distribution_equals_one_store(sampler):
+    """draw="split": counts over many batches fit each row's probability in one big store (chi-square,
+    fixed seeds); the same test on a store sampled without regard to priority fails, so it can fail."""
     kw = {"capacity": 1000, "sampler": sampler, "alpha": 0.7, "beta": 0.5}
-    one, sharded = ReplayStore(SCHEMA, seed=1, **kw), ShardedReplay.in_process(SCHEMA, 3, seed=2, **kw)
+    one, sharded = ReplayStore(SCHEMA, seed=1, **kw), ShardedReplay.in_process(SCHEMA, 3, seed=2, draw="split", **kw)
     keys = _filled(one)
     np.testing.assert_array_equal(_filled(sharded), keys)
     prio = np.random.default_rng(5).gamma(0.6, 2.0, keys.size) + 0.01
@@ -105,6 +106,123 @@ def test_sampling_distribution_equals_one_store(sampler):
     assert chi2_pvalue(float(((table - expected) ** 2 / expected).sum()), keys.size - 1) > 1e-3
     if sampler == "prioritized":  # power: these counts are far from what ignoring priorities would give
         assert goodness_of_fit(counts["sharded"], np.full(keys.size, 1 / keys.size)) < 1e-6
+
+
+def _lopsided(n_per_shard=(80, 30, 10)) -> dict[str, np.ndarray]:
+    """Rows that route 80 / 30 / 10 to 3 shards: unequal shard masses, so a shard chosen by anything
+    but its mass gives rows visibly wrong probabilities."""
+    pool = rows(2000, seed=21)
+    shard, _ = route(SCHEMA, pool, 3)
+    idx = np.concatenate([np.flatnonzero(shard == i)[:n] for i, n in enumerate(n_per_shard)])
+    return {k: v[idx] for k, v in pool.items()}
+
+
+def _one_shard_setup(sampler: str):
+    kw = {"capacity": 1000, "sampler": sampler, "alpha": 0.7, "beta": 0.5}
+    one, sharded = ReplayStore(SCHEMA, seed=1, **kw), ShardedReplay.in_process(SCHEMA, 3, seed=2, **kw)
+    assert sharded.draw == "one"  # the default
+    data = _lopsided()
+    keys = one.insert(data)
+    np.testing.assert_array_equal(sharded.insert(data), keys)
+    if sampler == "prioritized":
+        prio = np.random.default_rng(5).gamma(0.6, 2.0, keys.size) + 0.01
+        one.update_priorities(keys, prio)
+        sharded.update_priorities(keys, prio)
+        probs = prio**0.7 / (prio**0.7).sum()
+    else:
+        prio, probs = None, np.full(keys.size, 1 / keys.size)
+    return one, sharded, keys, prio, probs
+
+
+def _counts(keys, drawn) -> np.ndarray:
+    pos = {int(k): i for i, k in enumerate(keys)}
+    c = np.zeros(keys.size)
+    np.add.at(c, [pos[int(k)] for k in drawn], 1)
+    return c
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_one_shard_draws_give_each_row_one_stores_probability(sampler):
+    """draw="one" (the default): a batch comes whole from one shard chosen by its mass. Per-row
+    frequencies of independent draws (batches of 1: each a fresh shard choice) fit one big store's
+    probabilities and the one store's own counts (chi-square, fixed seeds); importance weights are
+    one store's exactly. Choosing the shard uniformly instead (the same code, told equal masses)
+    fails the same test, so it can fail. Shards hold 80 / 30 / 10 rows."""
+    one, sharded, keys, prio, probs = _one_shard_setup(sampler)
+    n = 12_000
+    drawn = {"one": [], "sharded": []}
+    pos = {int(k): i for i, k in enumerate(keys)}
+    for name, store in (("one", one), ("sharded", sharded)):
+        weights = []
+        for _ in range(n):
+            b = store.sample(1)
+            drawn[name].append(int(b.keys[0]))
+            weights.append(float(b.weights[0]))
+        if prio is not None:  # importance weights against the global smallest priority, as one store
+            p = prio[[pos[k] for k in drawn[name]]]
+            np.testing.assert_allclose(weights, (prio.min() / p) ** (0.7 * 0.5), rtol=1e-5)
+    counts = {name: _counts(keys, d) for name, d in drawn.items()}
+    for name, c in counts.items():
+        assert goodness_of_fit(c, probs) > 1e-3, name
+    table = np.stack([counts["one"], counts["sharded"]])
+    expected = table.sum(0, keepdims=True) * table.sum(1, keepdims=True) / table.sum()
+    assert chi2_pvalue(float(((table - expected) ** 2 / expected).sum()), keys.size - 1) > 1e-3
+    # a wrong draw: the shard chosen uniformly (a basis claiming equal masses), rows then by the shard
+    basis = sharded.view_basis()
+    wrong = sharded.bound_to(dataclasses.replace(basis, parts=tuple((r, 1.0, m) for r, _, m in basis.parts)))
+    bad = _counts(keys, [int(wrong.sample(1, seed=s).keys[0]) for s in range(n)])
+    assert goodness_of_fit(bad, probs) < 1e-6
+    # and the right masses through the same seeded path pass
+    right = sharded.bound_to(basis)
+    assert goodness_of_fit(_counts(keys, [int(right.sample(1, seed=s).keys[0]) for s in range(n)]), probs) > 1e-3
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_one_shard_batches_choose_shards_by_mass_and_rows_within_them(sampler):
+    """Batches of 256 from one shard each: rows of a batch are not independent draws (they share a
+    shard), so the test is in two stages that multiply to one store's probability — the shard a batch
+    came from, against mass_i / total over the batches, and the rows within each shard, against
+    p_row / mass_i over that shard's draws."""
+    _, sharded, keys, prio, probs = _one_shard_setup(sampler)
+    shard_of = route(SCHEMA, sharded.get(keys), 3)[0]
+    mass = np.array([probs[shard_of == i].sum() for i in range(3)])
+    chosen, within = np.zeros(3), [np.zeros(keys.size) for _ in range(3)]
+    for _ in range(600):
+        b = sharded.sample(256)
+        c = _counts(keys, b.keys)
+        (i,) = np.unique(shard_of[c > 0])  # every row of the batch from one shard
+        chosen[i] += 1
+        within[i] += c
+    assert goodness_of_fit(chosen, mass) > 1e-3
+    for i in range(3):
+        on = shard_of == i
+        assert goodness_of_fit(within[i][on], probs[on] / probs[on].sum()) > 1e-3, i
+    assert goodness_of_fit(chosen, np.full(3, 1 / 3)) < 1e-6  # power: the shards' masses are far apart
+
+
+def test_a_bound_view_read_is_one_call():
+    """A member view's seeded read of a sharded store: the basis carries every shard's mass, so a read
+    is one call to one shard (split draws without the basis: a round to ask the masses, then a call
+    to every shard — 2N)."""
+    s = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3)
+    s.insert(rows(400))
+    view = MemberView(s, s.view_basis(), seed=7)
+    before = view.base.calls
+    for _ in range(10):
+        view.sample(32)
+    assert view.base.calls - before == 10
+    split = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3, draw="split")
+    split.insert(rows(400))
+    c0 = split.calls
+    split.sample(32, seed=1)
+    assert split.calls - c0 == 2 * 4
+    unbound = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3)
+    unbound.insert(rows(400))
+    c0 = unbound.calls
+    unbound.sample(32, seed=1)
+    assert unbound.calls - c0 == 4 + 1  # ask the masses, then one shard
+    # bound and unbound seeded reads of the same store are the same draw
+    np.testing.assert_array_equal(s.bound_to(s.view_basis()).sample(32, seed=1).keys, s.sample(32, seed=1).keys)
 
 
 def test_seeded_reads_are_reproducible_and_shard_sizes_set_the_split():
