@@ -42,7 +42,7 @@ from agents.efficientzero.targets import bootstrap_rows, nstep_value_targets, va
 from evo.faults import check_finite
 from evo.replay import Replay
 
-__all__ = ["PATHS", "use_path", "current_path", "Batch", "LOSS_NAMES",
+__all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES",
            "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
            "update"]
@@ -64,17 +64,24 @@ def current_path() -> str:
     return _path
 
 
-@contextlib.contextmanager
-def use_path(name: str) -> Iterator[None]:
-    """Run the learner's "fast" or "baseline" implementation inside the block (process-wide)."""
+def set_path(name: str) -> str:
+    """Use the learner's "fast" or "baseline" implementation from now on (process-wide); returns
+    the previous one."""
     global _path
     if name not in PATHS:
         raise ValueError(f"learner path: expected one of {PATHS}, found {name!r}")
     old, _path = _path, name
+    return old
+
+
+@contextlib.contextmanager
+def use_path(name: str) -> Iterator[None]:
+    """`set_path(name)` inside the block."""
+    old = set_path(name)
     try:
         yield
     finally:
-        _path = old
+        set_path(old)
 
 
 @dataclass
@@ -238,9 +245,11 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
                         buffers: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor],
                         hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """`loss_terms` on the stacked unroll: every step's cross-entropies in one op per head."""
-    out: StackedUnroll = functional_call(model, (dict(params), dict(buffers)),
-                                         (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"])),
-                                         {"stacked": True})
+    args = (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"]))
+    if _own_state(model, params, buffers):  # the module's own tensors: no need to swap them in
+        out: StackedUnroll = model(*args, stacked=True)
+    else:
+        out = functional_call(model, (dict(params), dict(buffers)), args, {"stacked": True})
     valid = batch["valid"].transpose(0, 1)  # [K+1, B]
     mask = batch["mask"].transpose(0, 1)    # [K, B]
     weights = batch["weights"]
@@ -264,6 +273,26 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
              + hp["value_prefix_weight"] * terms["loss_value_prefix"]
              + hp["consistency_weight"] * terms["loss_consistency"])
     return {**terms, "loss_total": total, "root_value": root_value}
+
+
+def _own_state(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]) -> bool:
+    """Are `params` and `buffers` exactly the module's own tensors (the same objects)?"""
+    own_p, own_b = dict(model.named_parameters()), dict(model.named_buffers())
+    return (len(own_p) == len(params) and len(own_b) == len(buffers)
+            and all(params.get(k) is v for k, v in own_p.items()) and all(buffers.get(k) is v for k, v in own_b.items()))
+
+
+def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` in fewer calls: the norm of all gradients as one vector,
+    and no multiplication when the clip coefficient is 1 (multiplying by 1.0 changes nothing)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]), 2.0)
+    coef = max_norm / (total + 1e-6)  # as torch computes it
+    if bool(coef < 1.0):
+        torch._foreach_mul_(grads, coef)
+    return total
 
 
 def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
@@ -294,7 +323,10 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
+    if _path == "fast":
+        grad_norm = _clip_grad_norm(list(model.parameters()), float(hp["grad_clip"]))
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
     if _path == "fast" and isinstance(optimizer, torch.optim.Adam):
         # torch's fused Adam kernel: the same formulas in one call per tensor instead of ~10 (on the
         # CPU the foreach kernels are no faster); for this step only, so a checkpoint keeps the
