@@ -327,10 +327,10 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
         grad_norm = _clip_grad_norm(list(model.parameters()), float(hp["grad_clip"]))
     else:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
-    if _path == "fast" and isinstance(optimizer, torch.optim.Adam):
+    if _path == "fast" and isinstance(optimizer, torch.optim.Adam) and model_device(model).type == "cpu":
         # torch's fused Adam kernel: the same formulas in one call per tensor instead of ~10 (on the
-        # CPU the foreach kernels are no faster); for this step only, so a checkpoint keeps the
-        # member's own settings
+        # CPU the foreach kernels are no faster; on a GPU torch already uses them); for this step
+        # only, so a checkpoint keeps the member's own settings
         settings = [group.get("fused") for group in optimizer.param_groups]
         for group in optimizer.param_groups:
             group["fused"] = True
