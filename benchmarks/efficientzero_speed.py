@@ -81,7 +81,7 @@ def learner_section(quick: bool) -> dict[str, Any]:
     from agents.efficientzero import learner
 
     agent = build_member("cartpole")
-    agent.train(600 if quick else 1500)
+    agent.train(400 if quick else 1500)
     torch.set_num_threads(1)
     n = 20 if quick else 50
     parts = {"baseline": [0.0, 0.0], "fast": [0.0, 0.0]}
@@ -108,8 +108,9 @@ def learner_section(quick: bool) -> dict[str, Any]:
 
 def member_section(name: str, quick: bool) -> dict[str, Any]:
     agent = build_member(name)
-    steps = {"cartpole": (400, 400, 1000), "minatar": (300, 400, 400)}[name]
-    warm = max(int(agent.task["min_replay"]) + 200, steps[0])
+    # (warm-up steps beyond min_replay, window steps --quick, window steps)
+    steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400)}[name]
+    warm = int(agent.task["min_replay"]) + steps[0]
     agent.train(warm)  # past min_replay: every window learns
     window = steps[1] if quick else steps[2]
     return {"steps_per_window": window, "warm_steps": warm,
