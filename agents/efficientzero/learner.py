@@ -14,11 +14,19 @@ Three steps, each a function of what it is given (no agent object):
    priorities for the sampled windows.
 
     loss = w_p * loss_policy + w_v * loss_value + w_vp * loss_value_prefix + w_c * loss_consistency
+
+Two implementations of steps 2 and 3 compute the same function (`PATHS`; `use_path` switches
+them for a benchmark or a test): "fast", the default — the unroll's heads run once on all steps'
+latents (`model(..., stacked=True)`), the loss is computed on [steps, B] tensors in a few ops,
+clipping and Adam use torch's multi-tensor (foreach) kernels — and "baseline", the step-by-step
+unroll and loss as first written, kept as the reference (tests/efficientzero/test_fast_path.py:
+float64 losses and gradients of both agree to 1e-10). docs/efficientzero.md has the profile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +36,14 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, model_device
-from agents.efficientzero.model import Unroll
+from agents.efficientzero.model import StackedUnroll, Unroll
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
-from agents.efficientzero.targets import nstep_value_targets, value_prefix_targets
+from agents.efficientzero.targets import bootstrap_rows, nstep_value_targets, value_prefix_targets
 from evo.faults import check_finite
 from evo.replay import Replay
 
-__all__ = ["Batch", "LOSS_NAMES", "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
+__all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES",
+           "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
            "update"]
 
@@ -43,6 +52,36 @@ LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistenc
 #: the hyperparameter weighting each term in the total, in the order they are summed
 LOSS_WEIGHTS = {"loss_value": "value_weight", "loss_policy": "policy_weight",
                 "loss_value_prefix": "value_prefix_weight", "loss_consistency": "consistency_weight"}
+
+
+#: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam) and
+#: "baseline" (step-by-step, as first written); the same function, see the module docstring
+PATHS = ("fast", "baseline")
+_path = "fast"
+
+
+def current_path() -> str:
+    return _path
+
+
+def set_path(name: str) -> str:
+    """Use the learner's "fast" or "baseline" implementation from now on (process-wide); returns
+    the previous one."""
+    global _path
+    if name not in PATHS:
+        raise ValueError(f"learner path: expected one of {PATHS}, found {name!r}")
+    old, _path = _path, name
+    return old
+
+
+@contextlib.contextmanager
+def use_path(name: str) -> Iterator[None]:
+    """`set_path(name)` inside the block."""
+    old = set_path(name)
+    try:
+        yield
+    finally:
+        set_path(old)
 
 
 @dataclass
@@ -68,7 +107,11 @@ def sample_batch(replay: Replay, target_model: torch.nn.Module, hp: Mapping[str,
     bootstrap values in one call: `sample_windows`, `bootstrap_values`, `batch_from_windows`.
     """
     seq = sample_windows(replay, hp)
-    return batch_from_windows(seq, bootstrap_values(target_model, window_obs(seq)), target_model, hp, rng)
+    rows = None
+    if _path == "fast":  # only the rows whose value a target reads
+        rows = bootstrap_rows(np.asarray(seq.data["terminal"]), np.asarray(seq.mask), int(hp["td_steps"]),
+                              int(hp["num_unroll_steps"]) + 1)
+    return batch_from_windows(seq, bootstrap_values(target_model, window_obs(seq), rows), target_model, hp, rng)
 
 
 def sample_windows(replay: Replay, hp: Mapping[str, Any]) -> Any:
@@ -82,13 +125,22 @@ def window_obs(seq: Any) -> torch.Tensor:
     return torch.as_tensor(np.asarray(seq.data["obs"]), dtype=torch.float32)
 
 
-def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor) -> np.ndarray:
-    """The target network's value of every row of the windows, [B, L] (numpy)."""
+def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor, rows: np.ndarray | None = None) -> np.ndarray:
+    """The target network's value of every row of the windows, [B, L] (numpy); with `rows` ([B, L]
+    bool, `targets.bootstrap_rows`) only of those rows, the others 0."""
     B, L = obs.shape[:2]
-    with torch.no_grad():
-        flat = obs.reshape(B * L, *obs.shape[2:]).to(model_device(target_model))
-        _, tv_logits = target_model.predict(target_model.represent(flat))
-        return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).cpu().numpy()
+    with torch.inference_mode() if _path == "fast" else torch.no_grad():
+        flat = obs.reshape(B * L, *obs.shape[2:])
+        if rows is None:
+            _, tv_logits = target_model.predict(target_model.represent(flat.to(model_device(target_model))))
+            return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).cpu().numpy()
+        index = np.flatnonzero(rows.reshape(-1))
+        _, tv_logits = target_model.predict(target_model.represent(
+            flat[torch.as_tensor(index)].to(model_device(target_model))))
+        values = support_to_scalar(tv_logits, target_model.value_support).cpu().numpy()
+        out = np.zeros(B * L, dtype=values.dtype)
+        out[index] = values
+        return out.reshape(B, L)
 
 
 def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module, hp: Mapping[str, Any],
@@ -157,6 +209,8 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     `loss_total`, and `root_value` [B] (the predicted value at each first observation, detached;
     new priorities are |root_value - target|).
     """
+    if _path == "fast":
+        return _loss_terms_stacked(model, params, buffers, batch, hp)
     out: Unroll = functional_call(model, (dict(params), dict(buffers)),
                                   (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"])))
     value_target, prefix_target, policy_target = batch["value_target"], batch["value_prefix_target"], batch["policy_target"]
@@ -187,6 +241,60 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     return {**terms, "loss_total": total, "root_value": root_value}
 
 
+def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
+                        buffers: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor],
+                        hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """`loss_terms` on the stacked unroll: every step's cross-entropies in one op per head."""
+    args = (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"]))
+    if _own_state(model, params, buffers):  # the module's own tensors: no need to swap them in
+        out: StackedUnroll = model(*args, stacked=True)
+    else:
+        out = functional_call(model, (dict(params), dict(buffers)), args, {"stacked": True})
+    valid = batch["valid"].transpose(0, 1)  # [K+1, B]
+    mask = batch["mask"].transpose(0, 1)    # [K, B]
+    weights = batch["weights"]
+
+    def ce(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # target [B, S, n], logits [S, B, n]
+        return (target.transpose(0, 1) * F.log_softmax(logits, -1)).sum(-1)
+
+    root_value = support_to_scalar(out.value_logits[0].detach(), model.value_support)
+    loss_value = -(ce(batch["value_target"], out.value_logits) * valid).sum(0)
+    loss_policy = -(ce(batch["policy_target"], out.policy_logits) * valid).sum(0)
+    loss_prefix = -(ce(batch["value_prefix_target"], out.value_prefix_logits) * mask).sum(0)
+    cos = F.cosine_similarity(out.predicted_projections, out.target_projections.transpose(0, 1), dim=-1)
+    loss_consistency = -(cos * valid[1:]).sum(0)
+    terms = {
+        "loss_value": (weights * loss_value).mean(),
+        "loss_policy": (weights * loss_policy).mean(),
+        "loss_value_prefix": (weights * loss_prefix).mean(),
+        "loss_consistency": (weights * loss_consistency).mean(),
+    }
+    total = (hp["value_weight"] * terms["loss_value"] + hp["policy_weight"] * terms["loss_policy"]
+             + hp["value_prefix_weight"] * terms["loss_value_prefix"]
+             + hp["consistency_weight"] * terms["loss_consistency"])
+    return {**terms, "loss_total": total, "root_value": root_value}
+
+
+def _own_state(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor]) -> bool:
+    """Are `params` and `buffers` exactly the module's own tensors (the same objects)?"""
+    own_p, own_b = dict(model.named_parameters()), dict(model.named_buffers())
+    return (len(own_p) == len(params) and len(own_b) == len(buffers)
+            and all(params.get(k) is v for k, v in own_p.items()) and all(buffers.get(k) is v for k, v in own_b.items()))
+
+
+def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` in fewer calls: the norm of all gradients as one vector,
+    and no multiplication when the clip coefficient is 1 (multiplying by 1.0 changes nothing)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]), 2.0)
+    coef = max_norm / (total + 1e-6)  # as torch computes it
+    if bool(coef < 1.0):
+        torch._foreach_mul_(grads, coef)
+    return total
+
+
 def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
                ) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """`loss_terms` in the shape `evo.fused.FusedGroup` trains: `(params, buffers, batch, scalars) ->
@@ -215,8 +323,24 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
-    optimizer.step()
+    if _path == "fast":
+        grad_norm = _clip_grad_norm(list(model.parameters()), float(hp["grad_clip"]))
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float(hp["grad_clip"]))
+    if _path == "fast" and isinstance(optimizer, torch.optim.Adam) and model_device(model).type == "cpu":
+        # torch's fused Adam kernel: the same formulas in one call per tensor instead of ~10 (on the
+        # CPU the foreach kernels are no faster; on a GPU torch already uses them); for this step
+        # only, so a checkpoint keeps the member's own settings
+        settings = [group.get("fused") for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["fused"] = True
+        try:
+            optimizer.step()
+        finally:
+            for group, fused in zip(optimizer.param_groups, settings):
+                group["fused"] = fused
+    else:
+        optimizer.step()
     model.eval()
     if step % int(hp["target_update_interval"]) == 0:
         target_model.load_state_dict(model.state_dict())

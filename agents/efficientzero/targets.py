@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nstep_value_targets", "value_prefix_targets"]
+__all__ = ["nstep_value_targets", "bootstrap_rows", "value_prefix_targets"]
 
 
 def nstep_value_targets(rewards: np.ndarray, terminals: np.ndarray, mask: np.ndarray, values: np.ndarray,
@@ -51,6 +51,21 @@ def nstep_value_targets(rewards: np.ndarray, terminals: np.ndarray, mask: np.nda
         z += np.where(alive, discount ** td_steps * values[:, i + td_steps], 0.0)
         targets[:, i] = z
     return targets, mask[:, :num_positions].copy()
+
+
+def bootstrap_rows(terminals: np.ndarray, mask: np.ndarray, td_steps: int, num_positions: int) -> np.ndarray:
+    """The rows [B, L] whose bootstrap value `nstep_value_targets` can read: inside the trajectory,
+    and either a horizon's end (positions td_steps .. td_steps + num_positions - 1) or the last
+    stored row of a trajectory that ends without a terminal (the shortened horizon's back-off).
+    The values of every other row are never used (tests/efficientzero/test_fast_path.py poisons
+    them with NaN), so a learner may compute only these."""
+    mask = np.asarray(mask, dtype=bool)
+    B, L = mask.shape
+    nxt = np.concatenate([mask[:, 1:], np.zeros((B, 1), bool)], axis=1)
+    rows = mask & ~nxt & ~np.asarray(terminals, dtype=bool)
+    ends = np.zeros(L, bool)
+    ends[td_steps: td_steps + num_positions] = True
+    return mask & (rows | ends)
 
 
 def value_prefix_targets(rewards: np.ndarray, mask: np.ndarray, horizon: int, num_unroll: int) -> np.ndarray:

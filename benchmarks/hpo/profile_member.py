@@ -1,6 +1,6 @@
 """Where one EfficientZero member's time goes during one evo generation on CartPole.
 
-    python -m benchmarks.hpo.profile_member [--steps 2000] [--warm 2000] --json OUT.json
+    python -m benchmarks.hpo.profile_member [--steps 2000] [--warm 2000] [--path fast|baseline] --json OUT.json
 
 Builds a member from the benchmark's experiment (the file's hyperparameters), trains `--warm` steps
 first (so the replay store is full enough to learn and the kernels are compiled), then trains
@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warm", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--path", default="fast", choices=("fast", "baseline"),
+                        help="the learner's implementation (agents.efficientzero.learner.use_path)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -49,6 +51,7 @@ def main() -> None:
     from evo.replay import build_replay
 
     torch.set_num_threads(1)
+    learner.set_path(args.path)
     exp, _ = load(task("cartpole", quick=False), args.seed)
     replay = build_replay(exp.agent_class.replay_spec(exp.task), args.seed, distributed=False)
     agent = exp.agent_class.create(exp.arch, {n: hp.value for n, hp in exp.hparam_space.items()}, args.seed, 0,
@@ -59,16 +62,17 @@ def main() -> None:
     learner.sample_batch = timed(totals, "learner_sample", learner.sample_batch)
     learner.update = timed(totals, "learner_update", learner.update)
     EnvPool.step = timed(totals, "env", EnvPool.step)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     agent.train(args.steps)
-    train_s = time.perf_counter() - t0
+    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     during_train = dict(totals)
     t1 = time.perf_counter()
     fitness = agent.evaluate().fitness
     eval_s = time.perf_counter() - t1
     search_in_eval = totals["search"] - during_train.get("search", 0.0)
     out = {
-        "steps": args.steps, "updates": agent.updates, "train_s": round(train_s, 2), "eval_s": round(eval_s, 2),
+        "path": args.path, "steps": args.steps, "updates": agent.updates, "train_s": round(train_s, 2),
+        "train_cpu_s": round(train_cpu_s, 2), "eval_s": round(eval_s, 2),
         "train_parts_s": {k: round(v, 2) for k, v in during_train.items()},
         "train_other_s": round(train_s - sum(during_train.values()), 2),
         "eval_search_s": round(search_in_eval, 2), "fitness": fitness, "loadavg": list(os.getloadavg()),

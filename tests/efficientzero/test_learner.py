@@ -69,12 +69,14 @@ def _gradients(model, terms):
 
 
 def test_functional_loss_equals_the_module_loss_bit_for_bit(trained):
+    """The baseline path, bit for bit (the fast path equals it to rounding: test_fast_path.py)."""
     (a, _), (batch, _) = trained
     hp = {**WEIGHTS, "lstm_horizon_len": 2}
     model = a.model.train()
     want = module_loss(model, batch.tensors, hp)
     want_grads = _gradients(model, want)
-    got = learner.loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors, hp)
+    with learner.use_path("baseline"):
+        got = learner.loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors, hp)
     got_grads = _gradients(model, got)
     assert set(got) == set(want) == {*learner.LOSS_NAMES, "loss_total", "root_value"}
     for name in want:
