@@ -241,7 +241,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     check_logging(exp, f"{store.path}/experiment")
     done = store.last_completed_generation() + 1
     total = exp.population.generations
-    if done >= total:
+    # an async run ends after population.size x generations member-rounds (evo.steady), not on generations
+    finished = (int(store.get("rounds_done") or 0) >= exp.population.size * total if exp.population.mode == "async"
+                else done >= total)
+    if finished:
         print(f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
         return 0
     backend = args.backend or store.get("backend") or exp.backend

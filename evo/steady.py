@@ -1,0 +1,278 @@
+"""Asynchronous evolution (`population.mode = "async"`): no generation barrier, no idle worker.
+
+The population is `population.size` *slots*. A slot's member trains one **round** at a time
+(`population.steps_per_generation` steps, then an evaluation). The moment a round ends, the
+member is scored and judged at once, against the latest scores of the others:
+
+* a tournament of `selection.tournament_size` entrants: the member that just finished and
+  others drawn at random among the slots whose member has been evaluated (and did not fail);
+* every entrant is judged by its *line's* score at one common level of compute
+  (`selection.equal_compute`, env steps unless set; `evo.compute.scores_at_equal_compute`): a
+  member that finishes rounds fast is compared with the others at the steps they reached, never
+  with their older, shorter-trained scores, which is the steady-state bias toward fast members
+  (a round is a fixed number of steps, so a fast member finishes more rounds, not cheaper ones);
+* ties go to `selection.secondary`, then to the seeded generator (`evo.selection.pick_best`);
+* if the finisher wins, it continues into its next round unmutated; otherwise its slot gets a
+  mutated clone of the winner (the winner's latest trained state, and its line), which starts at
+  the winner's round: a round counts training, so a clone of a member 5 rounds in starts round 5;
+* `selection.founder_lines`: a member whose founder's line would leave the population, while no
+  more than that many lines are alive, continues instead.
+
+A slot that fails gets a clone of a tournament winner among the others (or, when none has been
+evaluated yet, its member is tried again, `resources.max_failures` times).
+
+**Generations in the run store.** A round is the run store's generation: a member's evaluation
+after its r-th round of training (counting its ancestors' rounds) is the row of generation r, so
+the rows of one generation compare members at equal steps. Generation g is *completed* (a
+`generations` row: its best, the diversity of the members then in the slots; the leaderboard and
+`evo runs` read it) once every slot has passed round g. A slot can go back to an earlier round
+(its clone's winner was behind): its later evaluation at a completed generation is still recorded
+there. The run stops after `population.size × population.generations` member-rounds (the same
+training as a synchronous run), or when `population.budget` is spent, whichever comes first;
+rounds in flight then finish.
+
+**Durability.** Each round commits in one SQLite transaction (`RunStore.commit_round`): the
+evaluation, the line's compute, the slot's next member and its start state. A crash loses only the
+rounds in flight; `evo resume` restarts them from their start states. On the inline backend the
+order of rounds is fixed (the slot with the fewest rounds first), so a run, and a run resumed
+after a crash, are reproducible; on Ray the order is the order results arrive.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from evo import interrupts
+from evo.agent import AgentContext
+from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
+from evo.diversity import measure_diversity
+from evo.faults import GenerationFailed
+from evo.mutation import apply_mutation
+from evo.observer import RunObserver
+from evo.rng import child_seed
+from evo.runstore import EvaluatedMember, MemberRecord, RunStore
+from evo.scheduler.base import MemberResult
+from evo.selection import fitness_score, pick_best
+from evo.spec import Experiment
+
+__all__ = ["evolve_async", "decision_rng", "rebuild_lines", "secondary_value"]
+
+_TAG = 0xA5EC
+
+
+def decision_rng(seed: int, index: int, round_: int) -> np.random.Generator:
+    """The stream for judging member `index` after round `round_` (and mutating its replacement)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, index, round_, _TAG]))
+
+
+def secondary_value(name: str | None, evaluation_metrics: dict, train_metrics: dict) -> float:
+    """`selection.secondary`'s value: the evaluation's metric, else the training metric, else NaN."""
+    if name is None:
+        return math.nan
+    for source in (evaluation_metrics, train_metrics):
+        value = source.get(name)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return math.nan
+
+
+def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[LinePoint]], dict[int, int]]:
+    """Every member's line (its ancestors' evaluations before its birth, then its own) and founder,
+    from the run store (a resumed run judges as the uninterrupted one did)."""
+    members = {m["index"]: m for m in store.all_members()}
+    compute = store.compute()
+    steps = exp.population.steps_per_generation
+    own: dict[int, list[tuple[int, LinePoint]]] = {i: [] for i in members}
+    for ev in sorted(store.all_evaluations(), key=lambda e: e["generation"]):
+        g = ev["generation"]
+        c = compute.get((g, ev["index"]), Compute((g + 1) * steps, (g + 1) * steps, 0.0))
+        sec = secondary_value(exp.selection.secondary, ev["metrics"], ev["train_metrics"])
+        own.setdefault(ev["index"], []).append((g, LinePoint(c, float(ev["score"]), sec)))
+    full: dict[int, list[tuple[int, LinePoint]]] = {}
+    founders: dict[int, int] = {}
+
+    def line(i: int) -> list[tuple[int, LinePoint]]:
+        if i not in full:
+            parent = members[i]["parent"]
+            if parent is None or parent not in members:
+                founders[i], inherited = i, []
+            else:  # the parent's line up to the round the child was cloned at
+                inherited = [(g, p) for g, p in line(parent) if g < members[i]["born"]]
+                founders[i] = founders[parent]
+            full[i] = inherited + own.get(i, [])
+        return full[i]
+
+    for i in sorted(members):
+        line(i)
+    return {i: [p for _, p in points] for i, points in full.items()}, founders
+
+
+@dataclass
+class _Slot:
+    slot: int
+    record: MemberRecord
+    agent: object
+    round: int           # the round it trains next (or now)
+    start: Compute       # its line's compute at the start of that round
+    ok: bool = False     # its member has an evaluation of its own and its last round did not fail
+    failures: int = 0
+
+
+def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentContext,
+                 generations: int | None = None, observer: RunObserver | None = None) -> None:
+    """Run (or continue) an asynchronous evolution until its budget is spent (module docstring)."""
+    from evo.population import initial_population
+
+    observer = observer or RunObserver()
+    total = generations or exp.population.generations
+    size, steps = exp.population.size, exp.population.steps_per_generation
+    budget = exp.population.budget
+    unit = exp.selection.equal_compute if exp.selection.equal_compute != "none" else "env_steps"
+    secondary = exp.selection.secondary
+    if not store.slots():
+        founders_ = initial_population(exp, context)
+        store.save_initial_slots([(m.record, m.agent.get_state()) for m in founders_])
+        slots = [_Slot(i, m.record, m.agent, 0, Compute()) for i, m in enumerate(founders_)]
+    else:
+        slots = []
+        lines_, _ = rebuild_lines(store, exp)
+        for slot, index, round_ in store.slots():
+            rec, state = store.load_start(round_, index)
+            agent = exp.agent_class.from_state(state, context)
+            line = lines_.get(index, [])
+            slots.append(_Slot(slot, rec, agent, round_, line[-1].compute if line else Compute(), ok=bool(rec.history)))
+        done = store.last_completed_generation()
+        if done >= 0 and context.replay is not None:
+            store.restore_replay(context.replay, done)
+    lines, founders = rebuild_lines(store, exp)
+    spent = store.spent()
+    rounds_done = int(store.get("rounds_done") or 0)
+    next_index = max(founders) + 1
+    completed = store.last_completed_generation()
+    store.set(status="running", generations_planned=total, mode="async")
+    observer.generation_started(completed + 1, [s.record.index for s in slots])
+    dispatched, in_flight = rounds_done, set()
+    clock = time.perf_counter()
+
+    def exhausted() -> bool:
+        if dispatched >= size * total:
+            return True
+        return budget is not None and spent.get(budget.unit) >= budget.amount
+
+    while True:
+        interrupts.check()
+        while not exhausted() and len(in_flight) < scheduler.capacity:
+            idle = [s for s in slots if s.slot not in in_flight]
+            if not idle:
+                break
+            s = min(idle, key=lambda x: (x.round, x.slot))
+            scheduler.submit(s.slot, s.agent, steps, s.round, observer)
+            in_flight.add(s.slot)
+            dispatched += 1
+        if not in_flight:
+            break
+        results = scheduler.collect(timeout=1.0)
+        commits = []
+        for key, result in results:
+            in_flight.discard(key)
+            rounds_done += 1
+            s = slots[key]
+            commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary)
+            spent = spent + cost
+            if commit[1][0].index == next_index:
+                next_index += 1
+            commits.append((s.slot, commit, rounds_done, spent))
+        # the next rounds start before the store is written: the workers do not wait on the disk
+        while not exhausted() and len(in_flight) < scheduler.capacity:
+            idle = [s for s in slots if s.slot not in in_flight]
+            if not idle:
+                break
+            s = min(idle, key=lambda x: (x.round, x.slot))
+            scheduler.submit(s.slot, s.agent, steps, s.round, observer)
+            in_flight.add(s.slot)
+            dispatched += 1
+        for slot, (ev, successor, round_, failures), done_count, spent_then in commits:
+            store.commit_round(slot, ev, round_, successor, spent_then, done_count, failures)
+        # generations every slot has passed are complete
+        reached = min(s.round for s in slots)
+        if reached - 1 > completed:
+            diversity = measure_diversity({s.record.index: s.agent.get_state() for s in slots if s.ok})
+            for g in range(completed + 1, reached):
+                now = time.perf_counter()
+                if store.complete_generation(g, now - clock, diversity if g == reached - 1 else None):
+                    observer.generation_done(g, store.evaluations(g))
+                clock = now
+            completed = reached - 1
+            if context.replay is not None:
+                store.snapshot_replay(context.replay, completed)
+            store.prune_async()
+            observer.generation_started(completed + 1, [s.record.index for s in slots])
+    store.set(status="completed", rounds_done=rounds_done)
+
+
+def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
+           founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None):
+    """Score the round `s` just finished and decide what the slot trains next. Returns ((evaluation
+    or None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
+    rec, round_ = s.record, s.round
+    failures = [*result.retries, *([result.failure] if result.failure else [])]
+    rng = decision_rng(exp.seed, rec.index, round_)
+    if result.failed:
+        cost = Compute(0.0, 0.0, result.wall_s)
+        ev = None
+        s.ok = False
+        s.failures += 1
+    else:
+        s.agent = result.agent
+        rec.history.append(float(result.evaluation.fitness))
+        rec.arch, rec.hparams = dict(result.agent.arch), dict(result.agent.hparams)
+        score = fitness_score(rec.history, exp.selection.fitness_window)
+        after = round_compute(s.start, steps, result.train_metrics, result.wall_s)
+        cost = after - s.start
+        sec = secondary_value(secondary, result.evaluation.metrics, result.train_metrics)
+        lines.setdefault(rec.index, []).append(LinePoint(after, score, sec))
+        ev = EvaluatedMember(rec, float(result.evaluation.fitness), score, dict(result.evaluation.metrics),
+                             result.train_metrics, s.agent.get_state(), result.wall_s, compute=after)
+        s.start, s.ok, s.failures = after, True, 0
+    rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
+    k = exp.selection.tournament_size
+    winner, why = None, "no rival yet"
+    if rivals:
+        drawn = [rivals[int(i)] for i in rng.choice(len(rivals), size=min(len(rivals), k - 1 if s.ok else k),
+                                                    replace=False)] if (k > 1 or not s.ok) else []
+        entrants = ([s] if s.ok else []) + drawn
+        if entrants:
+            points, _ = scores_at_equal_compute([lines[e.record.index] for e in entrants], unit)
+            best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
+                                  exp.selection.tie_tolerance, secondary or "secondary")
+            winner = entrants[best]
+    lines_alive = {founders.get(o.record.index, o.record.index) for o in slots}
+    mine = founders.get(rec.index, rec.index)
+    if (winner is not None and winner is not s and s.ok and exp.selection.founder_lines > 0
+            and sum(1 for o in slots if founders.get(o.record.index, o.record.index) == mine) == 1
+            and len(lines_alive) <= exp.selection.founder_lines):
+        winner, why = s, "founder line kept"
+    if winner is None or winner is s:
+        if s.ok:  # it continues into its next round
+            s.round += 1
+            return (ev, (rec, s.round, ev.state if ev is not None else s.agent.get_state()), round_, failures), cost
+        if s.failures > exp.resources.max_failures + 1:  # failed, and nobody to take over from
+            raise GenerationFailed(round_, [result.failure] if result.failure else [])
+        return (ev, (rec, s.round, s.agent.get_state()), round_, failures), cost  # tried again
+    parent = winner
+    start_round = parent.round  # the rounds its trained state holds
+    child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
+    mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng)
+    mutation = replace(mutation, details={**mutation.details, "selected_by": why, "slot": s.slot,
+                                          "replaced": rec.index})
+    new = MemberRecord(next_index, parent.record.index, start_round, mutation.to_json(), dict(child.arch),
+                       dict(child.hparams), [])
+    lines[next_index] = list(lines[parent.record.index])
+    founders[next_index] = founders.get(parent.record.index, parent.record.index)
+    s.record, s.agent, s.round, s.ok, s.failures = new, child, start_round, False, 0
+    s.start = lines[next_index][-1].compute if lines[next_index] else Compute()
+    return (ev, (new, start_round, child.get_state()), round_, failures), cost
