@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from evo import interrupts
-from evo.agent import AgentContext
+from evo.agent import AgentContext, clone_tree
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
 from evo.diversity import measure_diversity
 from evo.faults import GenerationFailed
@@ -157,61 +157,114 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     observer.generation_started(completed + 1, [s.record.index for s in slots])
     dispatched, in_flight = rounds_done, set()
     clock = time.perf_counter()
+    writer = _Writer(store.path, observer)
 
     def exhausted() -> bool:
         if dispatched >= size * total:
             return True
         return budget is not None and spent.get(budget.unit) >= budget.amount
 
-    while True:
-        interrupts.check()
+    def dispatch() -> None:
+        nonlocal dispatched
         while not exhausted() and len(in_flight) < scheduler.capacity:
             idle = [s for s in slots if s.slot not in in_flight]
             if not idle:
-                break
-            s = min(idle, key=lambda x: (x.round, x.slot))
+                return
+            s = min(idle, key=lambda x: (x.round, x.slot))  # fewest rounds first: no slot runs far ahead
             scheduler.submit(s.slot, s.agent, steps, s.round, observer)
             in_flight.add(s.slot)
             dispatched += 1
-        if not in_flight:
-            break
-        results = scheduler.collect(timeout=1.0)
-        commits = []
-        for key, result in results:
-            in_flight.discard(key)
-            rounds_done += 1
-            s = slots[key]
-            commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary)
-            spent = spent + cost
-            if commit[1][0].index == next_index:
-                next_index += 1
-            commits.append((s.slot, commit, rounds_done, spent))
-        # the next rounds start before the store is written: the workers do not wait on the disk
-        while not exhausted() and len(in_flight) < scheduler.capacity:
-            idle = [s for s in slots if s.slot not in in_flight]
-            if not idle:
+
+    try:
+        while True:
+            interrupts.check()
+            writer.check()
+            dispatch()
+            if not in_flight:
                 break
-            s = min(idle, key=lambda x: (x.round, x.slot))
-            scheduler.submit(s.slot, s.agent, steps, s.round, observer)
-            in_flight.add(s.slot)
-            dispatched += 1
-        for slot, (ev, successor, round_, failures), done_count, spent_then in commits:
-            store.commit_round(slot, ev, round_, successor, spent_then, done_count, failures)
-        # generations every slot has passed are complete
-        reached = min(s.round for s in slots)
-        if reached - 1 > completed:
-            diversity = measure_diversity({s.record.index: s.agent.get_state() for s in slots if s.ok})
-            for g in range(completed + 1, reached):
+            for key, result in scheduler.collect(timeout=1.0):
+                in_flight.discard(key)
+                rounds_done += 1
+                s = slots[key]
+                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary)
+                spent = spent + cost
+                if commit[1][0].index == next_index:
+                    next_index += 1
+                dispatch()  # the slot's next round starts before anything is written: no worker waits on the disk
+                writer.put(lambda st, c=commit, slot=s.slot, n=rounds_done, sp=spent: st.commit_round(slot, c[0], c[2], c[1],
+                                                                                                    sp, n, c[3]))
+            # generations every slot has passed are complete
+            reached = min(s.round for s in slots)
+            if reached - 1 > completed:
+                diversity = measure_diversity({s.record.index: s.agent.get_state() for s in slots if s.ok})
                 now = time.perf_counter()
-                if store.complete_generation(g, now - clock, diversity if g == reached - 1 else None):
-                    observer.generation_done(g, store.evaluations(g))
-                clock = now
-            completed = reached - 1
-            if context.replay is not None:
-                store.snapshot_replay(context.replay, completed)
-            store.prune_async()
-            observer.generation_started(completed + 1, [s.record.index for s in slots])
+                writer.put(lambda st, first=completed + 1, last=reached - 1, d=diversity, w=now - clock:
+                           _complete(st, first, last, d, w, observer))
+                clock, completed = now, reached - 1
+                if context.replay is not None:
+                    writer.drain()  # the snapshot follows the rounds it holds
+                    store.snapshot_replay(context.replay, completed)
+    finally:
+        writer.close()
     store.set(status="completed", rounds_done=rounds_done)
+
+
+def _complete(store: RunStore, first: int, last: int, diversity, wall_s: float, observer: RunObserver) -> None:
+    """Mark generations first..last complete (the diversity of the members then in the slots on the last)."""
+    for g in range(first, last + 1):
+        if store.complete_generation(g, wall_s if g == first else 0.0, diversity if g == last else None):
+            observer.generation_done(g, store.evaluations(g))
+    store.prune_async()
+    observer.generation_started(last + 1, [])
+
+
+class _Writer:
+    """Writes an async run's rounds to its run store in a thread of their own, in order, so the
+    driver hands out the next round without waiting on checkpoint files and fsyncs. The thread has
+    its own connection (SQLite's are per thread); an error there stops the run at the next check."""
+
+    def __init__(self, path, observer: RunObserver) -> None:
+        import queue
+        import threading
+
+        self.path, self.error = path, None
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="evo-async-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        store = RunStore(self.path)
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                if self.error is None:
+                    try:
+                        job(store)
+                    except BaseException as exc:  # reported to the driver by check()
+                        self.error = exc
+                self.jobs.task_done()
+        finally:
+            store.close()
+
+    def put(self, job) -> None:
+        self.check()
+        self.jobs.put(job)
+
+    def drain(self) -> None:
+        self.jobs.join()
+        self.check()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Write everything queued, then stop; re-raise the thread's error."""
+        self.jobs.put(None)
+        self.thread.join()
+        self.check()
 
 
 def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
@@ -235,8 +288,8 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         cost = after - s.start
         sec = secondary_value(secondary, result.evaluation.metrics, result.train_metrics)
         lines.setdefault(rec.index, []).append(LinePoint(after, score, sec))
-        ev = EvaluatedMember(rec, float(result.evaluation.fitness), score, dict(result.evaluation.metrics),
-                             result.train_metrics, s.agent.get_state(), result.wall_s, compute=after)
+        ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, dict(result.evaluation.metrics),
+                             result.train_metrics, clone_tree(s.agent.get_state()), result.wall_s, compute=after)
         s.start, s.ok, s.failures = after, True, 0
     rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
     k = exp.selection.tournament_size
@@ -259,10 +312,11 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     if winner is None or winner is s:
         if s.ok:  # it continues into its next round
             s.round += 1
-            return (ev, (rec, s.round, ev.state if ev is not None else s.agent.get_state()), round_, failures), cost
+            state = ev.state if ev is not None else clone_tree(s.agent.get_state())
+            return (ev, (_frozen(rec), s.round, state), round_, failures), cost
         if s.failures > exp.resources.max_failures + 1:  # failed, and nobody to take over from
             raise GenerationFailed(round_, [result.failure] if result.failure else [])
-        return (ev, (rec, s.round, s.agent.get_state()), round_, failures), cost  # tried again
+        return (ev, (_frozen(rec), s.round, clone_tree(s.agent.get_state())), round_, failures), cost  # tried again
     parent = winner
     start_round = parent.round  # the rounds its trained state holds
     child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
@@ -275,4 +329,12 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     founders[next_index] = founders.get(parent.record.index, parent.record.index)
     s.record, s.agent, s.round, s.ok, s.failures = new, child, start_round, False, 0
     s.start = lines[next_index][-1].compute if lines[next_index] else Compute()
-    return (ev, (new, start_round, child.get_state()), round_, failures), cost
+    return (ev, (_frozen(new), start_round, clone_tree(child.get_state())), round_, failures), cost
+
+
+def _frozen(rec: MemberRecord) -> MemberRecord:
+    """A copy of `rec` as it is now, for the writer thread (the slot's record keeps changing; states
+    handed to the writer are copied likewise: inline, a member trains in place)."""
+    import copy
+
+    return copy.deepcopy(rec)

@@ -104,7 +104,8 @@ def test_a_killed_async_run_resumes_to_the_uninterrupted_run(async_runs: Path, w
     run_dir = async_runs / "runs" / name
     with sqlite3.connect(run_dir / "run.sqlite") as db:
         done = int(db.execute("SELECT value FROM run WHERE key = 'rounds_done'").fetchone()[0])
-    assert done == {"in_train": 6, "after_checkpoints": 4, "after_commit": 5}[window]
+    # rounds are written by a thread of their own: killed in training, the last ones may be unwritten
+    assert done == 5 if window == "after_commit" else done == 4 if window == "after_checkpoints" else 1 <= done <= 6
     run_evo(["resume", name, "--quiet"], async_runs, check=True)
     assert rounds(run_dir) == rounds(async_runs / "runs" / "ref")  # no round lost, none twice, same choices
 
