@@ -54,8 +54,9 @@ def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
     members = []
     for index in range(exp.population.size):
         values = {name: hp.value for name, hp in exp.hparam_space.items()}
-        if exp.population.initial == "sample" and index > 0:
-            # PBT-style spread; member 0 keeps the file's values so a good default is never lost
+        if (exp.population.initial == "sample" and index > 0) or exp.population.initial == "scratch":
+            # PBT-style spread; with "sample" member 0 keeps the file's values so a good default is never
+            # lost, with "scratch" (HPO from scratch) every founder is drawn
             rng = np.random.default_rng(np.random.SeedSequence([exp.seed, index, 0x1417]))
             values.update({name: hp.sample(rng) for name, hp in exp.hparam_space.items() if hp.mutable})
         agent = exp.agent_class.create(exp.arch, values, member_seed(exp.seed, index), index, context)

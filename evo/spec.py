@@ -65,8 +65,9 @@ class PopulationSpec(_Strict):
     size: int = Field(ge=1, le=4096, description="number of members")
     generations: int = Field(ge=1, description="generations to run")
     steps_per_generation: int = Field(ge=1, description="passed to agent.train(steps) each generation")
-    initial: Literal["same", "sample"] = Field(
-        default="same", description="founders' hyperparameters: all the starting values, or drawn from the ranges")
+    initial: Literal["same", "sample", "scratch"] = Field(
+        default="same", description="founders' hyperparameters: all the starting values, drawn from the ranges "
+                                    "but member 0's ('sample'), or every founder's drawn ('scratch')")
     mode: Literal["sync", "async"] = Field(
         default="sync", description="sync: generations with a barrier (bit-reproducible); async: a member that ends "
                                     "its round is judged and continues or is replaced at once (docs/experiments.md)")

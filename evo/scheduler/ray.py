@@ -463,11 +463,12 @@ class RayScheduler:
     # ---- asynchronous evolution (population.mode = "async"; evo.steady) ------------------------------
     @property
     def capacity(self) -> int:
-        """Members in flight at once: one per actor."""
-        return self.num_workers
+        """Members in flight at once: `prefetch` per actor (one training, the next queued behind it,
+        whose start state Ray moves meanwhile: the actor starts it the moment the last one ends)."""
+        return self.num_workers * self.prefetch
 
     def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None) -> None:
-        """Start a round of `steps` for `agent` on the next free actor (or as soon as one is free);
+        """Start a round of `steps` for `agent` on the least busy actor (or as soon as one is free);
         `collect` returns its result under `key`. The member's view of the shared replay store is
         taken now, and its writes reach the store as soon as its result is collected."""
         import ray
@@ -487,12 +488,19 @@ class RayScheduler:
         return len(getattr(self, "_async_pending", {})) + len(getattr(self, "_async_queue", ()))
 
     def _async_dispatch(self) -> None:
-        busy = {id(j["worker"]) for j in self._async_pending.values()}
-        idle = [w for w in self.workers if w not in self._ready and id(w) not in busy]
-        while self._async_queue and idle:
-            job, worker = self._async_queue.popleft(), idle.pop(0)
+        while self._async_queue:
+            load = {id(w): 0 for w in self.workers if w not in self._ready}
+            for j in self._async_pending.values():
+                if id(j["worker"]) in load:
+                    load[id(j["worker"])] += 1
+            free = [w for w in self.workers if id(w) in load and load[id(w)] < self.prefetch]
+            if not free:
+                return
+            worker = min(free, key=lambda w: load[id(w)])
+            job = self._async_queue.popleft()
             job["attempts"] += 1
-            job["worker"], job["deadline"] = worker, time.monotonic() + self.timeout_s
+            # a job queued behind another has that one's time too before its own timeout runs out
+            job["worker"], job["deadline"] = worker, time.monotonic() + self.timeout_s * (load[id(worker)] + 1)
             seed = view_seed(self.context.seed, job["agent"].index, job["round"])
             self._async_pending[worker.run.remote(job["state"], job["steps"], job["basis"], seed)] = job
             job["observer"].member_event(job["agent"].index, "training", {})
@@ -535,8 +543,9 @@ class RayScheduler:
                 out.append((job["key"], failed_result(job["agent"], f, 0.0, job["retries"])))
                 observer.member_event(index, "failed", {"error": f"error: {f.message}", "kind": "error"})
                 continue
-            except RayError as exc:  # the actor is gone: a fresh one, and the member again
-                self._replace(worker)
+            except RayError as exc:  # the actor is gone: a fresh one (once per actor), and the member again
+                if worker in self.workers:
+                    self._replace(worker)
                 self._async_lost(job, f"{type(exc).__name__}: {_first_line(exc)}", out)
                 continue
             if res["failure"] is not None:
@@ -561,7 +570,8 @@ class RayScheduler:
         for ref, job in list(self._async_pending.items()):
             if now >= job["deadline"]:
                 del self._async_pending[ref]
-                self._replace(job["worker"])
+                if job["worker"] in self.workers:
+                    self._replace(job["worker"])
                 f = Failure(job["agent"].index, "timeout", f"no result within {self.timeout_s:g} s "
                             "(resources.timeout_s); its worker was replaced", job["attempts"], job["round"])
                 out.append((job["key"], failed_result(job["agent"], f, self.timeout_s, job["retries"])))
