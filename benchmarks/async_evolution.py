@@ -83,6 +83,7 @@ def idle_stats(spans: list[tuple[int, float, float]]) -> dict[str, float]:
         tail += last - runs[-1][1]
     member = sum(e - s for _, s, e in spans)
     return {"wall_s": last - first, "member_s": member, "idle_s": idle, "tail_s": tail,
+            "utilisation": member / (len(by_actor) * (last - first)) if last > first else float("nan"),
             "idle_fraction": idle / member, "idle_with_tail_fraction": (idle + tail) / member,
             "rounds": len(spans), "actors": len(by_actor)}
 
@@ -165,11 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(r[key] for r in runs if r["mode"] == mode)
 
     ratios = [a["wall_s"] / s["wall_s"] for s, a in zip(runs[::2], runs[1::2])]
+    # on a shared machine a run's member time swings with the load (and with the replay ratios its
+    # selection favours): (1 + idle fraction) is the wall time per member-second the mode adds, so its
+    # ratio compares the modes at equal member time
+    normalised = [(1 + a["idle_with_tail_fraction"]) / (1 + s["idle_with_tail_fraction"])
+                  for s, a in zip(runs[::2], runs[1::2])]
     summary = {"agent": args.agent, "size": args.size, "generations": args.generations, "steps": steps,
                "workers": args.workers, "repeats": args.repeats,
                "sync_idle_fraction": med("sync", "idle_fraction"), "async_idle_fraction": med("async", "idle_fraction"),
                "sync_wall_s": med("sync", "wall_s"), "async_wall_s": med("async", "wall_s"),
                "async_over_sync_wall": ratios, "median_async_over_sync_wall": statistics.median(ratios),
+               "async_over_sync_wall_at_equal_member_time": normalised,
+               "median_async_over_sync_wall_at_equal_member_time": statistics.median(normalised),
                "runs": runs}
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
     if args.json:

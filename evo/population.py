@@ -67,7 +67,7 @@ def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
 
 def next_generation(members: list[Member], scores: list[float], generation: int, exp: Experiment,
                     eligible: list[bool] | None = None, lines: dict[int, list[LinePoint]] | None = None,
-                    founders: dict[int, int] | None = None) -> list[Member]:
+                    founders: dict[int, int] | None = None, observations: Sequence = ()) -> list[Member]:
     """Select by `scores` and mutate: the population that starts generation `generation`.
     Members not `eligible` (failed this generation) are neither elite nor parent.
 
@@ -114,7 +114,7 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
         # a child's own streams, from (run seed, its index, its birth generation): an unmutated
         # clone must explore, not retrace its parent's training draw for draw
         child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, generation))
-        mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng)
+        mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, generation)
         if decided:
             mutation = replace(mutation, details={**mutation.details, "selected_by": decided[slot]})
         if lines is not None:
@@ -186,7 +186,8 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         members = [Member(rec, exp.agent_class.from_state(state, context)) for rec, state in store.load_population(start)]
         if start > 0 and context.replay is not None:
             store.restore_replay(context.replay, start - 1)
-    lines, founders = rebuild_lines(store, exp)  # each member's (compute, score) line and founder
+    # each member's (compute, score) line and founder; what rounds of hyperparameters gained
+    lines, founders, observations = rebuild_lines(store, exp)
     spent, budget = store.spent(), exp.population.budget
     store.set(status="running", generations_planned=total)
     for generation in range(start, total):
@@ -211,6 +212,8 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
                 round_compute(before, exp.population.steps_per_generation, result.train_metrics, result.wall_s)
             spent = spent + (after - before)
             if not result.failed:
+                if line:
+                    observations.append((dict(member.record.hparams), generation, score - line[-1].score))
                 line.append(LinePoint(after, score, secondary_value(exp.selection.secondary, result.evaluation.metrics,
                                                                     result.train_metrics)))
             evaluated.append(EvaluatedMember(member.record, float(result.evaluation.fitness), score,
@@ -219,7 +222,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         # of the members that trained (a failed one holds its start state)
         diversity = measure_diversity({ev.record.index: ev.state for ev, r in zip(evaluated, results) if not r.failed})
         children = next_generation(members, scores, generation + 1, exp, eligible=[not r.failed for r in results],
-                                   lines=lines, founders=founders)
+                                   lines=lines, founders=founders, observations=observations)
         if context.replay is not None:
             store.snapshot_replay(context.replay, generation)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],

@@ -110,6 +110,9 @@ class MutationSpec(_Strict):
         default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
     rl_hp: float = Field(default=0.2, ge=0)
     rl_hp_count: int = Field(default=1, ge=1, description="hyperparameters changed by one rl_hp mutation")
+    model_guided: float = Field(default=0.0, ge=0, description="PB2-style: new hyperparameters where a Gaussian "
+                                                               "process of (hyperparameters, round) -> score gain "
+                                                               "has the highest upper confidence bound (scikit-learn)")
 
     @field_validator("activation_choices")
     @classmethod
@@ -127,7 +130,9 @@ class MutationSpec(_Strict):
             raise ValueError("expected at least one mutation kind with probability > 0")
         return self
 
-    KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp")
+    # model_guided last: a zero weight there leaves the draws of the others exactly as they were
+    KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp",
+                                        "model_guided")
 
     def weights(self):
         import numpy as np

@@ -80,18 +80,22 @@ def secondary_value(name: str | None, evaluation_metrics: dict, train_metrics: d
     return math.nan
 
 
-def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[LinePoint]], dict[int, int]]:
-    """Every member's line (its ancestors' evaluations before its birth, then its own) and founder,
-    from the run store (a resumed run judges as the uninterrupted one did)."""
+def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[LinePoint]], dict[int, int], list]:
+    """Every member's line (its ancestors' evaluations before its birth, then its own), founder, and
+    the run's observations for the model-guided mutation ((hyperparameters, round, score gain over
+    the round) of every evaluation that follows another on its line), from the run store: a resumed
+    run judges and mutates as the uninterrupted one did."""
     members = {m["index"]: m for m in store.all_members()}
     compute = store.compute()
     steps = exp.population.steps_per_generation
     own: dict[int, list[tuple[int, LinePoint]]] = {i: [] for i in members}
+    hparams: dict[tuple[int, int], dict] = {}
     for ev in sorted(store.all_evaluations(), key=lambda e: e["generation"]):
         g = ev["generation"]
         c = compute.get((g, ev["index"]), Compute((g + 1) * steps, (g + 1) * steps, 0.0))
         sec = secondary_value(exp.selection.secondary, ev["metrics"], ev["train_metrics"])
         own.setdefault(ev["index"], []).append((g, LinePoint(c, float(ev["score"]), sec)))
+        hparams[(g, ev["index"])] = ev["hparams"]
     full: dict[int, list[tuple[int, LinePoint]]] = {}
     founders: dict[int, int] = {}
 
@@ -108,7 +112,14 @@ def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[Line
 
     for i in sorted(members):
         line(i)
-    return {i: [p for _, p in points] for i, points in full.items()}, founders
+    observations = []
+    for i, points in full.items():
+        mine = {g for g, _ in own.get(i, [])}
+        for (_, before), (g, after) in zip(points, points[1:]):
+            if g in mine:
+                observations.append((g, i, (hparams[(g, i)], g, after.score - before.score)))
+    observations = [o for _, _, o in sorted(observations, key=lambda t: (t[0], t[1]))]
+    return {i: [p for _, p in points] for i, points in full.items()}, founders, observations
 
 
 @dataclass
@@ -139,7 +150,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
         slots = [_Slot(i, m.record, m.agent, 0, Compute()) for i, m in enumerate(founders_)]
     else:
         slots = []
-        lines_, _ = rebuild_lines(store, exp)
+        lines_, _, _ = rebuild_lines(store, exp)
         for slot, index, round_ in store.slots():
             rec, state = store.load_start(round_, index)
             agent = exp.agent_class.from_state(state, context)
@@ -148,7 +159,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
         done = store.last_completed_generation()
         if done >= 0 and context.replay is not None:
             store.restore_replay(context.replay, done)
-    lines, founders = rebuild_lines(store, exp)
+    lines, founders, observations = rebuild_lines(store, exp)
     spent = store.spent()
     rounds_done = int(store.get("rounds_done") or 0)
     next_index = max(founders) + 1
@@ -186,7 +197,8 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                 in_flight.discard(key)
                 rounds_done += 1
                 s = slots[key]
-                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary)
+                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary,
+                                      observations)
                 spent = spent + cost
                 if commit[1][0].index == next_index:
                     next_index += 1
@@ -268,7 +280,8 @@ class _Writer:
 
 
 def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
-           founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None):
+           founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None,
+           observations: list):
     """Score the round `s` just finished and decide what the slot trains next. Returns ((evaluation
     or None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
     rec, round_ = s.record, s.round
@@ -287,7 +300,10 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         after = round_compute(s.start, steps, result.train_metrics, result.wall_s)
         cost = after - s.start
         sec = secondary_value(secondary, result.evaluation.metrics, result.train_metrics)
-        lines.setdefault(rec.index, []).append(LinePoint(after, score, sec))
+        line = lines.setdefault(rec.index, [])
+        if line:  # what this round of these hyperparameters gained: the model-guided mutation learns from it
+            observations.append((dict(rec.hparams), round_, score - line[-1].score))
+        line.append(LinePoint(after, score, sec))
         ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, dict(result.evaluation.metrics),
                              result.train_metrics, clone_tree(s.agent.get_state()), result.wall_s, compute=after)
         s.start, s.ok, s.failures = after, True, 0
@@ -320,7 +336,7 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     parent = winner
     start_round = parent.round  # the rounds its trained state holds
     child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
-    mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng)
+    mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, start_round)
     mutation = replace(mutation, details={**mutation.details, "selected_by": why, "slot": s.slot,
                                           "replaced": rec.index})
     new = MemberRecord(next_index, parent.record.index, start_round, mutation.to_json(), dict(child.arch),

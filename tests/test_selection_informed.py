@@ -96,3 +96,19 @@ def test_the_new_fields_are_checked() -> None:
         load_experiment(TOY_EXPERIMENT, {"population.mode": "steady"})
     with pytest.raises(SpecError, match="selection.equal_compute"):
         load_experiment(TOY_EXPERIMENT, {"selection.equal_compute": "flops"})
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_model_guided_children_learn_from_the_runs_rounds(tmp_path, mode: str) -> None:
+    pytest.importorskip("sklearn")
+    exp, text = load_experiment(TOY_EXPERIMENT, {
+        "population.mode": mode, "population.generations": 4, "mutation.no_mutation": 0.0, "mutation.architecture": 0.0,
+        "mutation.parameters": 0.0, "mutation.activation": 0.0, "mutation.rl_hp": 0.0, "mutation.model_guided": 1.0})
+    store = RunStore.create(tmp_path, "r", text, exp.to_json())
+    scheduler, context = start_backend(exp, "inline")
+    evolve(exp, store, scheduler, context)
+    records = [m["mutation"] for m in store.all_members() if m["parent"] is not None]
+    assert records and all(r["kind"] == "model_guided" for r in records)
+    guided = [r for r in records if "observations" in r.get("details", {})]
+    assert guided, "no child was placed by the model (always too few observations?)"
+    assert all(r["details"]["observations"] >= 4 for r in guided)

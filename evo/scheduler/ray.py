@@ -189,7 +189,8 @@ class RayScheduler:
         self._ready: dict[Any, Any] = {}  # actor -> its ready() reference, until it has answered
         self.placements: dict[Any, dict[str, Any]] = {}  # actor -> its ready() answer
         self.last_timing: dict[str, Any] = {}  # the last generation's driver-side and worker-side seconds
-        self.sync_spans: list[tuple[int, float, float]] = []  # every generation's (actor pid, start, end), wall clock
+        # every generation's (actor pid, start of the member's load, end of its evaluation), wall clock
+        self.sync_spans: list[tuple[int, float, float]] = []
         self.workers = [self._start() for _ in range(num_workers)]
 
     def _start(self) -> Any:
@@ -444,7 +445,8 @@ class RayScheduler:
             timing["nodes"][index] = out["node_id"]
             if out.get("span") is not None:  # (actor pid, train start, evaluate end): time.time() on its node
                 timing["spans"][index] = out["span"]
-                self.sync_spans.append(out["span"])
+                pid, began, ended = out["span"]
+                self.sync_spans.append((pid, began - out.get("load_s", 0.0), ended))
             agent.index = index
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
             if out["staged"] is not None:
@@ -561,8 +563,9 @@ class RayScheduler:
             agent.index = index
             if res["staged"] is not None:
                 commit_views(self.context.replay, [(index, res["staged"])])
-            if res.get("span") is not None:
-                self.async_spans.append(res["span"])
+            if res.get("span") is not None:  # busy from the state's load on: the actor was not idle then
+                pid, began, ended = res["span"]
+                self.async_spans.append((pid, began - res.get("load_s", 0.0), ended))
             out.append((job["key"], MemberResult(agent, res["evaluation"], res["metrics"], res["wall_s"], None,
                                                  job["retries"])))
             observer.member_event(index, "done", {"fitness": res["evaluation"].fitness, "wall_s": res["wall_s"]})
