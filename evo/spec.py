@@ -73,6 +73,17 @@ class PopulationSpec(_Strict):
                                     "its round is judged and continues or is replaced at once (docs/experiments.md)")
     budget: BudgetSpec | None = Field(default=None, description="stop when the run has spent this much compute "
                                                                 "(besides the generations count)")
+    rungs: list[float] = Field(default_factory=list, description="async: early-stopping rungs inside a round, as "
+                                                                 "fractions of its steps (e.g. [0.25, 0.5])")
+    rung_keep: float = Field(default=0.5, gt=0, lt=1, description="at a rung, a member outside this top share of "
+                                                                  "the round's members at that rung stops")
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_inside_a_round(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x < 1 for x in v) or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"expected increasing fractions strictly between 0 and 1, found {v}")
+        return v
 
 
 class AgentSpec(_Strict):
@@ -207,6 +218,9 @@ class ExperimentSpec(_Strict):
 
     @model_validator(mode="after")
     def _async_fits(self) -> ExperimentSpec:
+        if self.population.rungs and self.population.mode != "async":
+            raise ValueError("population.rungs: expected population.mode = 'async' (rungs stop rounds early, "
+                             "inside asynchronous evolution), found mode 'sync'")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")

@@ -40,6 +40,7 @@ after a crash, are reproducible; on Ray the order is the order results arrive.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -131,6 +132,7 @@ class _Slot:
     start: Compute       # its line's compute at the start of that round
     ok: bool = False     # its member has an evaluation of its own and its last round did not fail
     failures: int = 0
+    segment: int = 0     # with rungs: the part of its round it trains next
 
 
 def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentContext,
@@ -169,6 +171,12 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     dispatched, in_flight = rounds_done, set()
     clock = time.perf_counter()
     writer = _Writer(store.path, observer)
+    # early stopping inside a round (population.rungs): the round's steps in segments, an evaluation after
+    # each; rung records are the fitnesses seen at (round, rung), as ASHA's
+    bounds = [round(steps * f) for f in exp.population.rungs] + [steps]
+    segment_steps = [b - a for a, b in zip([0, *bounds[:-1]], bounds)]
+    rung_records: dict[tuple[int, int], list[float]] = {}
+    rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
 
     def exhausted() -> bool:
         if dispatched >= size * total:
@@ -182,9 +190,9 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
             if not idle:
                 return
             s = min(idle, key=lambda x: (x.round, x.slot))  # fewest rounds first: no slot runs far ahead
-            scheduler.submit(s.slot, s.agent, steps, s.round, observer)
+            scheduler.submit(s.slot, s.agent, segment_steps[s.segment], s.round, observer)
             in_flight.add(s.slot)
-            dispatched += 1
+            dispatched += s.segment == 0
 
     try:
         while True:
@@ -195,10 +203,24 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                 break
             for key, result in scheduler.collect(timeout=1.0):
                 in_flight.discard(key)
-                rounds_done += 1
                 s = slots[key]
-                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, steps, unit, secondary,
-                                      observations)
+                seg = segment_steps[s.segment]
+                stop = False
+                if s.segment < len(segment_steps) - 1 and not result.failed:
+                    stop = _behind_at_rung(exp, slots, s, result, rung_records, lines, founders)
+                    if not stop:  # on to the round's next part: nothing is judged or written yet
+                        after = round_compute(s.start, seg, result.train_metrics, result.wall_s)
+                        spent, s.start, s.agent = spent + (after - s.start), after, result.agent
+                        s.segment += 1
+                        rung_stats["rungs_passed"] += 1
+                        dispatch()
+                        continue
+                    rung_stats["stopped"] += 1
+                    rung_stats["env_steps_saved"] += steps - sum(segment_steps[:s.segment + 1])
+                rounds_done += 1
+                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, seg, unit, secondary,
+                                      observations, stopped_at=s.segment if stop else None)
+                s.segment = 0
                 spent = spent + cost
                 if commit[1][0].index == next_index:
                     next_index += 1
@@ -218,7 +240,31 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                     store.snapshot_replay(context.replay, completed)
     finally:
         writer.close()
+        if exp.population.rungs:
+            store.set(rung_stats=json.dumps(rung_stats))
     store.set(status="completed", rounds_done=rounds_done)
+
+
+def _behind_at_rung(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult,
+                    records: dict[tuple[int, int], list[float]], lines: dict[int, list[LinePoint]],
+                    founders: dict[int, int]) -> bool:
+    """Record the member's fitness at its rung; True if it is outside the top `population.rung_keep`
+    share of the fitnesses seen at this (round, rung) — by more than `selection.tie_tolerance` — and
+    another member could take its slot (and it is not the last of a founder line kept alive)."""
+    seen = records.setdefault((s.round, s.segment), [])
+    fitness = float(result.evaluation.fitness)
+    seen.append(fitness)
+    rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
+    if len(seen) < 2 or not rivals:
+        return False
+    if exp.selection.founder_lines:
+        line_of = [founders.get(o.record.index, o.record.index) for o in slots]
+        mine = founders.get(s.record.index, s.record.index)
+        if line_of.count(mine) == 1 and len(set(line_of)) <= exp.selection.founder_lines:
+            return False
+    keep = max(1, math.ceil(len(seen) * exp.population.rung_keep))
+    cutoff = sorted(seen, reverse=True)[keep - 1]
+    return fitness < cutoff - exp.selection.tie_tolerance
 
 
 def _complete(store: RunStore, first: int, last: int, diversity, wall_s: float, observer: RunObserver) -> None:
@@ -281,9 +327,11 @@ class _Writer:
 
 def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
            founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None,
-           observations: list):
-    """Score the round `s` just finished and decide what the slot trains next. Returns ((evaluation
-    or None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
+           observations: list, stopped_at: int | None = None):
+    """Score the round `s` just finished (`steps`: what its last part trained) and decide what the
+    slot trains next. A round stopped at rung `stopped_at` is judged without the member itself as
+    an entrant: its slot goes to a tournament winner among the others. Returns ((evaluation or
+    None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
     rec, round_ = s.record, s.round
     failures = [*result.retries, *([result.failure] if result.failure else [])]
     rng = decision_rng(exp.seed, rec.index, round_)
@@ -304,16 +352,20 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         if line:  # what this round of these hyperparameters gained: the model-guided mutation learns from it
             observations.append((dict(rec.hparams), round_, score - line[-1].score))
         line.append(LinePoint(after, score, sec))
-        ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, dict(result.evaluation.metrics),
+        metrics = dict(result.evaluation.metrics)
+        if stopped_at is not None:  # the leaderboard and dashboard show the round was cut short
+            metrics["stopped_at_rung"] = float(stopped_at)
+        ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, metrics,
                              result.train_metrics, clone_tree(s.agent.get_state()), result.wall_s, compute=after)
         s.start, s.ok, s.failures = after, True, 0
     rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
     k = exp.selection.tournament_size
     winner, why = None, "no rival yet"
     if rivals:
-        drawn = [rivals[int(i)] for i in rng.choice(len(rivals), size=min(len(rivals), k - 1 if s.ok else k),
-                                                    replace=False)] if (k > 1 or not s.ok) else []
-        entrants = ([s] if s.ok else []) + drawn
+        enters = s.ok and stopped_at is None
+        drawn = [rivals[int(i)] for i in rng.choice(len(rivals), size=min(len(rivals), k - 1 if enters else k),
+                                                    replace=False)] if (k > 1 or not enters) else []
+        entrants = ([s] if enters else []) + drawn
         if entrants:
             points, _ = scores_at_equal_compute([lines[e.record.index] for e in entrants], unit)
             best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
@@ -338,7 +390,8 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
     mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, start_round)
     mutation = replace(mutation, details={**mutation.details, "selected_by": why, "slot": s.slot,
-                                          "replaced": rec.index})
+                                          "replaced": rec.index,
+                                          **({"replaced_at_rung": stopped_at} if stopped_at is not None else {})})
     new = MemberRecord(next_index, parent.record.index, start_round, mutation.to_json(), dict(child.arch),
                        dict(child.hparams), [])
     lines[next_index] = list(lines[parent.record.index])

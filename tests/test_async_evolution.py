@@ -138,3 +138,27 @@ def test_a_resumed_finished_async_run_says_so(async_runs: Path, capsys, monkeypa
     capsys.readouterr()
     assert main(["resume", "ref"]) == 0
     assert "already has" in capsys.readouterr().out
+
+
+def test_rungs_stop_members_behind_and_report_the_steps_saved(tmp_path: Path) -> None:
+    store = _run(tmp_path, {"population.generations": 5, "population.rungs": [0.25, 0.5],
+                            "population.initial": "scratch"})
+    stats = json.loads(store.get("rung_stats"))
+    assert stats["stopped"] > 0 and stats["env_steps_saved"] > 0
+    stopped = [e for e in store.all_evaluations() if "stopped_at_rung" in e["metrics"]]
+    assert len(stopped) == stats["stopped"]
+    # a round stopped at the first rung trained a quarter of its steps: the spent env steps say so
+    full = 5 * 4 * 30
+    assert store.spent().env_steps == full - stats["env_steps_saved"]
+    replaced = {m["mutation"]["details"]["replaced"] for m in store.all_members()
+                if m["mutation"] and "replaced_at_rung" in m["mutation"]["details"]}
+    assert replaced == {e["index"] for e in stopped}  # every stopped member's slot went to a clone of another
+
+
+def test_rungs_need_async_mode() -> None:
+    from evo.spec import SpecError
+
+    with pytest.raises(SpecError, match="population.rungs"):
+        load_experiment(TOY_EXPERIMENT, {"population.rungs": [0.5]})
+    with pytest.raises(SpecError, match="population.rungs"):
+        load_experiment(TOY_EXPERIMENT, {**ASYNC, "population.rungs": [0.5, 0.5]})
