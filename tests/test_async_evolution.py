@@ -162,3 +162,46 @@ def test_rungs_need_async_mode() -> None:
         load_experiment(TOY_EXPERIMENT, {"population.rungs": [0.5]})
     with pytest.raises(SpecError, match="population.rungs"):
         load_experiment(TOY_EXPERIMENT, {**ASYNC, "population.rungs": [0.5, 0.5]})
+
+
+def test_a_failing_member_is_recorded_and_its_slot_taken_over(tmp_path: Path) -> None:
+    store = _run(tmp_path, {"agent.kind": "tests.fault_agents:FaultyToyAgent", "agent.task": {"raise_in": [1]}})
+    assert store.status == "completed" and int(store.get("rounds_done")) == 12
+    failed = store.failures()
+    assert [(f.index, f.kind, f.generation) for f in failed] == [(1, "error", 0)]
+    heir = [m for m in store.all_members() if m["mutation"] and m["mutation"]["details"].get("replaced") == 1]
+    assert len(heir) == 1 and heir[0]["parent"] != 1
+    assert all(e["index"] != 1 for e in store.all_evaluations())
+
+
+@pytest.mark.slow
+def test_an_async_ray_run_retries_a_member_whose_worker_was_killed(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    import os
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+
+    def kill_one() -> None:  # the first worker seen training a member of round 1 or later dies
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            seen = sorted(pids.iterdir(), key=lambda p: p.stat().st_mtime)
+            if len(seen) >= 5:
+                os.kill(int(seen[-1].name.rsplit("-", 1)[1]), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=kill_one, daemon=True).start()
+    try:
+        store = _run(tmp_path, {"backend": "ray", "agent.kind": "tests.fault_agents:FaultyToyAgent",
+                                "agent.task": {"pid_dir": str(pids), "train_sleep_s": 0.5}}, backend="ray")
+    finally:
+        ray.shutdown()
+    assert store.status == "completed" and int(store.get("rounds_done")) == 12
+    assert len(store.all_evaluations()) == 12  # the lost round was run again, not lost
+    assert any(f.kind == "lost" and f.retried for f in store.failures())
