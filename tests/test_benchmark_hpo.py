@@ -36,7 +36,7 @@ def test_the_no_mutation_ablation_changes_only_the_mutation_weights():
     t = task("cartpole", quick=True)
     exp, _ = load(t, seed=0)
     ablated, _ = load(t, seed=0, **NO_MUTATION)
-    assert list(ablated.mutation.weights()) == [1.0, 0.0, 0.0, 0.0, 0.0]  # every child an unmutated copy
+    assert list(ablated.mutation.weights()) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # every child an unmutated copy
     assert list(exp.mutation.weights()) != list(ablated.mutation.weights())
     assert ablated.selection == exp.selection and ablated.hparam_space == exp.hparam_space
 
