@@ -371,6 +371,9 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
             best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
                                   exp.selection.tie_tolerance, secondary or "secondary")
             winner = entrants[best]
+    if (winner is not None and winner is not s and s.ok and stopped_at is None and not exp.selection.clone_behind
+            and winner.round < round_ + 1):  # the winner has trained fewer rounds: no going back (clone_behind)
+        winner, why = s, "winner behind"
     lines_alive = {founders.get(o.record.index, o.record.index) for o in slots}
     mine = founders.get(rec.index, rec.index)
     if (winner is not None and winner is not s and s.ok and exp.selection.founder_lines > 0

@@ -205,3 +205,18 @@ def test_an_async_ray_run_retries_a_member_whose_worker_was_killed(tmp_path: Pat
     assert store.status == "completed" and int(store.get("rounds_done")) == 12
     assert len(store.all_evaluations()) == 12  # the lost round was run again, not lost
     assert any(f.kind == "lost" and f.retried for f in store.failures())
+
+
+def test_without_clone_behind_no_slot_goes_back_a_round(tmp_path: Path) -> None:
+    store = _run(tmp_path, {"population.generations": 5, "population.initial": "scratch",
+                            "selection.clone_behind": False})
+    members = {m["index"]: m for m in store.all_members()}
+    evs = store.all_evaluations()
+    for m in members.values():
+        if m["parent"] is None:
+            continue
+        # a child starts at its parent's round, never before the round the member it replaced had reached
+        replaced = m["mutation"]["details"]["replaced"]
+        replaced_rounds = [e["generation"] for e in evs if e["index"] == replaced]
+        if m["mutation"]["details"].get("selected_by") != "founder line kept" and replaced_rounds:
+            assert m["born"] >= max(replaced_rounds) + 1, (m, replaced_rounds)

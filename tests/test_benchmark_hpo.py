@@ -145,3 +145,18 @@ def test_bootstrap_interval_resolves_a_clear_difference_and_not_noise():
             "random": [{"curve": [[100, 9.0, 100.0]], "final_best": 100.0}] * 3}
     out = compare(runs, budget=100)
     assert out["evo-random"]["final_best"]["difference"] == 300.0 and out["horizon_seconds"] == 9.0
+
+
+def test_an_async_curve_takes_a_point_every_population_of_rounds():
+    from benchmarks.hpo.evo_strategy import CurveObserver
+
+    obs = CurveObserver(steps_per_generation=100, population=2)
+    for index, fitness in [(0, 10.0), (1, 30.0), (0, 20.0), (2, 15.0), (1, 5.0)]:
+        obs.member_event(index, "done", {"fitness": fitness})
+    obs.generation_done(0, [{"fitness": 99.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [(p[0], p[2]) for p in obs.curve] == [(200, 30.0), (400, 20.0)]  # generations add no point
+    sync = CurveObserver(steps_per_generation=100)
+    for index in range(2):
+        sync.member_event(index, "done", {"fitness": 1.0})
+    sync.generation_done(0, [{"fitness": 7.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [(p[0], p[2]) for p in sync.curve] == [(200, 7.0)]

@@ -23,9 +23,14 @@ class CurveObserver(RunObserver):
     each), so a point says what the run had trained by then, in sync and async runs alike (an async
     generation completes while later rounds are already done)."""
 
-    def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None) -> None:
+    def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None,
+                 population: int | None = None) -> None:
+        """`population`: an async run's size: a point is taken every `population` rounds (the best
+        fitness of those rounds), since its generations complete behind its rounds."""
         self.steps_per_generation = steps_per_generation
         self.on_point = on_point
+        self.population = population
+        self.recent: list[float] = []
         self.start = time.perf_counter()
         self.steps = 0
         self.rounds_done = 0
@@ -37,16 +42,28 @@ class CurveObserver(RunObserver):
         self._t_gen = time.perf_counter()
 
     def member_event(self, index: int, event: str, details: dict[str, Any]) -> None:
-        if event == "done":
-            self.rounds_done += 1
+        if event != "done":
+            return
+        self.rounds_done += 1
+        if self.population:
+            self.recent = [*self.recent, float(details["fitness"])][-self.population:]
+            if self.rounds_done % self.population == 0:
+                now = time.perf_counter()
+                self.steps = self.rounds_done * self.steps_per_generation
+                self.curve.append([self.steps, round(now - self.start, 2), max(self.recent)])
+                print(f"evo-async rounds {self.rounds_done}: steps {self.steps} t {now - self.start:.0f}s "
+                      f"best {max(self.recent):.1f}", flush=True)
+                if self.on_point is not None:
+                    self.on_point(self.curve)
 
     def generation_done(self, generation: int, board: list[dict[str, Any]]) -> None:
         now = time.perf_counter()
         if not board:
             return
-        self.steps = self.rounds_done * self.steps_per_generation
         best = max(float(row["fitness"]) for row in board)
-        self.curve.append([self.steps, round(now - self.start, 2), best])
+        if not self.population:  # sync: a point per generation
+            self.steps = self.rounds_done * self.steps_per_generation
+            self.curve.append([self.steps, round(now - self.start, 2), best])
         self.profile.append({
             "generation": generation, "wall_s": round(now - self._t_gen, 2),
             # member-side seconds, summed over members (they run 2 at a time on the Ray workers)
@@ -57,7 +74,7 @@ class CurveObserver(RunObserver):
             "fitness": [float(r["fitness"]) for r in board],
         })
         print(f"evo gen {generation}: steps {self.steps} t {now - self.start:.0f}s best {best:.1f}", flush=True)
-        if self.on_point is not None:
+        if self.on_point is not None and not self.population:
             self.on_point(self.curve)
 
 
@@ -83,7 +100,9 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
         scheduler, context = start_backend(exp, backend)
         try:
-            observer = CurveObserver(t.steps_per_generation, on_point)  # the clock starts once the backend is up
+            # the clock starts once the backend is up
+            observer = CurveObserver(t.steps_per_generation, on_point,
+                                     population=t.population if exp.population.mode == "async" else None)
             evolve(exp, store, scheduler, context, observer=observer)
             spent = store.spent().to_json()
         finally:
