@@ -507,7 +507,10 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, generations: int |
         check_logging(exp, f"{store.path}/experiment")
         done = store.last_completed_generation() + 1
         total = exp.population.generations
-        if done >= total:
+        # an async run ends after population.size x generations member-rounds (evo.steady), not on generations
+        finished = (int(store.get("rounds_done") or 0) >= exp.population.size * total if exp.population.mode == "async"
+                    else done >= total)
+        if finished:
             if announce:
                 announce(f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
             store.close()

@@ -19,7 +19,7 @@ from evo.faults import Failure
 from evo.records import MutationRecord
 from evo.runstore import RunStore
 
-__all__ = ["leaderboard_rows", "render", "diversity_line", "varying_keys", "arch_knobs", "compact"]
+__all__ = ["leaderboard_rows", "render", "diversity_line", "varying_keys", "arch_knobs", "compact", "compute_cell"]
 
 
 def compact(v: Any) -> str:
@@ -54,6 +54,7 @@ def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, 
     window = int(store.experiment().get("selection", {}).get("fitness_window", 1))
     last = store.last_completed_generation()
     failures = store.failures(last)
+    compute = {idx: c for (g, idx), c in store.compute().items() if g == last}
     rows = []
     for rank, ev in enumerate(store.evaluations(last), start=1):
         recent = [x for x in ev["history"][-window:] if math.isfinite(x)]  # a failed evaluation is -inf
@@ -71,6 +72,8 @@ def leaderboard_rows(store: RunStore, top: int | None = None) -> list[dict[str, 
             "hparams": ev["hparams"],
             "arch": arch_knobs(ev["arch"]),
             "generation": last,
+            # what the member's line had spent by this evaluation (evo.compute); None before it was measured
+            "compute": compute[ev["index"]].to_json() if ev["index"] in compute else None,
             **_failure_fields(failures, ev["index"]),
         })
     _add_diversity(rows, store.diversity(last))
@@ -105,6 +108,17 @@ def _failure_fields(failures: list[Failure], index: int) -> dict[str, Any]:
             "retried": sum(1 for f in mine if f.retried)}
 
 
+def compute_cell(compute: dict[str, float] | None) -> str:
+    """'4.8k steps · 2.4k upd · 31 s': what a member's line spent (env steps, updates, member-seconds)."""
+    if not compute:
+        return "-"
+
+    def short(x: float) -> str:
+        return f"{x / 1e6:.3g}M" if x >= 1e6 else f"{x / 1e3:.3g}k" if x >= 1e3 else f"{x:.3g}"
+
+    return f"{short(compute['env_steps'])} steps · {short(compute['updates'])} upd · {compute['member_s']:.3g} s"
+
+
 def _finite_or_none(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -131,7 +145,8 @@ def render(rows: list[dict[str, Any]], fmt: str, title: str = "", show_all: bool
     if fmt == "csv":
         import pandas as pd
 
-        flat = [{**{k: v for k, v in r.items() if k not in ("hparams", "arch")},
+        flat = [{**{k: v for k, v in r.items() if k not in ("hparams", "arch", "compute")},
+                 **{f"compute.{k}": v for k, v in (r.get("compute") or {}).items()},
                  **{f"hp.{k}": v for k, v in r["hparams"].items()},
                  **{f"arch.{k}": compact(v) for k, v in r["arch"].items()}} for r in rows]
         buf = io.StringIO()
@@ -144,12 +159,13 @@ def render(rows: list[dict[str, Any]], fmt: str, title: str = "", show_all: bool
     hp_keys = list(everyone[0]["hparams"]) if show_all and everyone else varying_keys([r["hparams"] for r in everyone])
     arch_keys = list(everyone[0]["arch"]) if show_all and everyone else varying_keys([r["arch"] for r in everyone])
     table = Table(title=title)
-    for col in ("rank", "member", "score", "fitness", "age", "parent", "last mutation", "hyperparameters", "architecture"):
+    for col in ("rank", "member", "score", "fitness", "compute", "age", "parent", "last mutation", "hyperparameters",
+                "architecture"):
         table.add_column(col, overflow="fold")
     for r in rows:
         hp = " ".join(f"{k}={compact(r['hparams'][k])}" for k in hp_keys if k in r["hparams"]) or "-"
         arch = " ".join(f"{k}={compact(r['arch'][k])}" for k in arch_keys if k in r["arch"]) or "-"
-        table.add_row(str(r["rank"]), str(r["member"]), *_score_cells(r),
+        table.add_row(str(r["rank"]), str(r["member"]), *_score_cells(r), compute_cell(r.get("compute")),
                       str(r["age"]), "-" if r["parent"] is None else str(r["parent"]), r["last_mutation"], hp, arch)
     if not show_all and everyone:
         shared_hp = {k: v for k, v in everyone[0]["hparams"].items() if k not in hp_keys}

@@ -12,15 +12,18 @@ Words: a member's *fitness* is one evaluation; its *score* is the mean of its la
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from evo import interrupts
 from evo.agent import Agent, AgentContext
+from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
 from evo.diversity import measure_diversity
 from evo.faults import Failure, GenerationFailed
 from evo.mutation import apply_mutation
@@ -28,7 +31,7 @@ from evo.observer import RunObserver
 from evo.rng import child_seed, generation_rng, member_seed
 from evo.runstore import EvaluatedMember, MemberRecord, RunStore
 from evo.scheduler.base import MemberResult, Scheduler
-from evo.selection import fitness_score, tournament_select
+from evo.selection import fitness_score, judged_tournament_select, keep_founder_lines, tournament_select
 from evo.spec import Experiment
 
 if TYPE_CHECKING:
@@ -51,8 +54,9 @@ def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
     members = []
     for index in range(exp.population.size):
         values = {name: hp.value for name, hp in exp.hparam_space.items()}
-        if exp.population.initial == "sample" and index > 0:
-            # PBT-style spread; member 0 keeps the file's values so a good default is never lost
+        if (exp.population.initial == "sample" and index > 0) or exp.population.initial == "scratch":
+            # PBT-style spread; with "sample" member 0 keeps the file's values so a good default is never
+            # lost, with "scratch" (HPO from scratch) every founder is drawn
             rng = np.random.default_rng(np.random.SeedSequence([exp.seed, index, 0x1417]))
             values.update({name: hp.sample(rng) for name, hp in exp.hparam_space.items() if hp.mutable})
         agent = exp.agent_class.create(exp.arch, values, member_seed(exp.seed, index), index, context)
@@ -62,12 +66,41 @@ def initial_population(exp: Experiment, context: AgentContext) -> list[Member]:
 
 
 def next_generation(members: list[Member], scores: list[float], generation: int, exp: Experiment,
-                    eligible: list[bool] | None = None) -> list[Member]:
+                    eligible: list[bool] | None = None, lines: dict[int, list[LinePoint]] | None = None,
+                    founders: dict[int, int] | None = None, observations: Sequence = ()) -> list[Member]:
     """Select by `scores` and mutate: the population that starts generation `generation`.
-    Members not `eligible` (failed this generation) are neither elite nor parent."""
+    Members not `eligible` (failed this generation) are neither elite nor parent.
+
+    With `selection.equal_compute`, `secondary` or `founder_lines` set (and the members' `lines`
+    and `founders` given), selection is not blind: members are judged at equal compute, ties go to
+    the secondary signal, and founders' lines are kept; each child's mutation record says what
+    decided its parent's tournament (`details.selected_by`)."""
     rng = generation_rng(exp.seed, generation)
-    elite, parents = tournament_select(scores, len(members), exp.selection.tournament_size,
-                                       exp.selection.elitism, rng, eligible=eligible)
+    sel = exp.selection
+    decided: list[str] = []
+    if lines is not None and (sel.equal_compute != "none" or sel.secondary or sel.founder_lines or sel.tie_tolerance):
+        unit = sel.equal_compute if sel.equal_compute != "none" else "env_steps"
+
+        def judge(positions: Sequence[int]) -> tuple[list[float], list[float]]:
+            if sel.equal_compute == "none":  # this generation's scores; the secondary signal from the latest point
+                latest = [lines.get(members[p].index) or [] for p in positions]
+                return ([scores[p] for p in positions],
+                        [pts[-1].secondary if pts else math.nan for pts in latest])
+            judged = [lines.get(members[p].index) or [LinePoint(Compute(), scores[p])] for p in positions]
+            points, _ = scores_at_equal_compute(judged, unit)
+            return [pt.score for pt in points], [pt.secondary for pt in points]
+
+        elite, parents, decided = judged_tournament_select(len(members), len(members), sel.tournament_size,
+                                                           sel.elitism, rng, judge, eligible, sel.tie_tolerance,
+                                                           sel.secondary or "secondary")
+        if sel.founder_lines and founders is not None:
+            parents, changed = keep_founder_lines(parents, [founders.get(m.index, m.index) for m in members], scores,
+                                                  sel.founder_lines, eligible, elite)
+            for slot in changed:
+                decided[slot] = "founder line kept"
+    else:
+        elite, parents = tournament_select(scores, len(members), exp.selection.tournament_size,
+                                           exp.selection.elitism, rng, eligible=eligible)
     next_index = max(m.index for m in members) + 1
     out: list[Member] = []
     if elite is not None:
@@ -76,12 +109,18 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
         out.append(Member(MemberRecord(e.index, e.record.parent, e.record.born, e.record.mutation,
                                        dict(e.agent.arch), dict(e.agent.hparams), list(e.record.history)),
                           e.agent.clone(e.index)))
-    for pos in parents:
+    for slot, pos in enumerate(parents):
         parent = members[pos]
         # a child's own streams, from (run seed, its index, its birth generation): an unmutated
         # clone must explore, not retrace its parent's training draw for draw
         child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, generation))
-        mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng)
+        mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, generation)
+        if decided:
+            mutation = replace(mutation, details={**mutation.details, "selected_by": decided[slot]})
+        if lines is not None:
+            lines[next_index] = list(lines.get(parent.index, []))
+        if founders is not None:
+            founders[next_index] = founders.get(parent.index, parent.index)
         out.append(Member(MemberRecord(next_index, parent.index, generation, mutation.to_json(),
                                        dict(child.arch), dict(child.hparams), []), child))
         next_index += 1
@@ -93,8 +132,6 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     class asks for built where that backend's members reach it."""
     spec = exp.agent_class.replay_spec(exp.task)
     if spec is not None:  # the [replay] table: how many actors hold the store (Ray backend)
-        from dataclasses import replace
-
         spec = replace(spec, shards=exp.replay.shards, spread=exp.replay.spread)
     if backend == "inline":
         from evo.scheduler.inline import InlineScheduler, inline_device
@@ -132,7 +169,14 @@ def _fused_trainer(exp: Experiment) -> FusedTrainer | None:
 
 def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: AgentContext,
            generations: int | None = None, observer: RunObserver | None = None) -> None:
-    """Run (or continue) the generation loop until `generations` are complete."""
+    """Run (or continue) the generation loop until `generations` are complete (or
+    `population.budget` is spent); `population.mode = "async"` runs `evo.steady.evolve_async`."""
+    if exp.population.mode == "async":
+        from evo.steady import evolve_async
+
+        return evolve_async(exp, store, scheduler, context, generations, observer)
+    from evo.steady import rebuild_lines, secondary_value
+
     observer = observer or RunObserver()
     total = generations or exp.population.generations
     start = store.last_completed_generation() + 1
@@ -143,9 +187,14 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         members = [Member(rec, exp.agent_class.from_state(state, context)) for rec, state in store.load_population(start)]
         if start > 0 and context.replay is not None:
             store.restore_replay(context.replay, start - 1)
+    # each member's (compute, score) line and founder; what rounds of hyperparameters gained
+    lines, founders, observations = rebuild_lines(store, exp)
+    spent, budget = store.spent(), exp.population.budget
     store.set(status="running", generations_planned=total)
     for generation in range(start, total):
         interrupts.check()
+        if budget is not None and spent.get(budget.unit) >= budget.amount:
+            break
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
         results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,
@@ -158,16 +207,27 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             member.record.arch, member.record.hparams = dict(result.agent.arch), dict(result.agent.hparams)
             score = fitness_score(member.record.history, exp.selection.fitness_window)
             scores.append(score)
+            line = lines.setdefault(member.index, [])
+            before = line[-1].compute if line else Compute()
+            after = before + Compute(0.0, 0.0, result.wall_s) if result.failed else \
+                round_compute(before, exp.population.steps_per_generation, result.train_metrics, result.wall_s)
+            spent = spent + (after - before)
+            if not result.failed:
+                if line:
+                    observations.append((dict(member.record.hparams), generation, score - line[-1].score))
+                line.append(LinePoint(after, score, secondary_value(exp.selection.secondary, result.evaluation.metrics,
+                                                                    result.train_metrics)))
             evaluated.append(EvaluatedMember(member.record, float(result.evaluation.fitness), score,
                                              dict(result.evaluation.metrics), result.train_metrics,
-                                             member.agent.get_state(), result.wall_s))
+                                             member.agent.get_state(), result.wall_s, compute=after))
         # of the members that trained (a failed one holds its start state)
         diversity = measure_diversity({ev.record.index: ev.state for ev, r in zip(evaluated, results) if not r.failed})
-        children = next_generation(members, scores, generation + 1, exp, eligible=[not r.failed for r in results])
+        children = next_generation(members, scores, generation + 1, exp, eligible=[not r.failed for r in results],
+                                   lines=lines, founders=founders, observations=observations)
         if context.replay is not None:
             store.snapshot_replay(context.replay, generation)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],
-                                time.perf_counter() - t0, diversity=diversity)
+                                time.perf_counter() - t0, diversity=diversity, spent=spent)
         observer.generation_done(generation, store.evaluations(generation))
         members = children
     store.set(status="completed")

@@ -78,6 +78,21 @@ CREATE TABLE IF NOT EXISTS diversity (
 """
 
 
+# one row per evaluation: the member's cumulative compute along its line after that round
+# (evo.compute); runs from before it read as "not measured"
+_COMPUTE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS compute (
+    generation INTEGER NOT NULL, idx INTEGER NOT NULL, env_steps REAL NOT NULL, updates REAL NOT NULL,
+    member_s REAL NOT NULL, PRIMARY KEY (generation, idx));
+"""
+
+# asynchronous runs (population.mode = "async"): what each slot trains next, committed with every
+# member's round, so a resume restarts exactly the rounds that were in flight
+_SLOTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS async_slots (slot INTEGER PRIMARY KEY, idx INTEGER NOT NULL, round INTEGER NOT NULL);
+"""
+
+
 class RunStoreError(RuntimeError):
     """A run directory that is missing, already exists, or is not an evo run."""
 
@@ -104,6 +119,7 @@ class EvaluatedMember:
     train_metrics: dict[str, float]
     state: dict[str, Any]
     wall_s: float = 0.0
+    compute: Any = None  # evo.compute.Compute: the member's line's cumulative compute after this round
 
 
 def _dumps(obj: Any) -> str:
@@ -235,9 +251,9 @@ class RunStore:
 
     def commit_generation(self, generation: int, evaluated: list[EvaluatedMember],
                           next_population: list[tuple[MemberRecord, dict[str, Any]]], wall_s: float,
-                          diversity: Diversity | None = None) -> None:
-        """Make generation `generation` durable: its evaluations (and their `diversity`) and the
-        population of the next one."""
+                          diversity: Diversity | None = None, spent: Any = None) -> None:
+        """Make generation `generation` durable: its evaluations (and their `diversity` and compute)
+        and the population of the next one; `spent`: what the run has spent in all (evo.compute.Compute)."""
         trained = [(ev, *self._write_checkpoint(generation, "trained", ev.record.index, ev.state)) for ev in evaluated]
         starts = [(rec, *self._write_checkpoint(generation + 1, "start", rec.index, state)) for rec, state in next_population]
         best = max(trained, key=lambda t: (t[0].score, -t[0].record.index))[0]
@@ -248,6 +264,9 @@ class RunStore:
                 db.execute("INSERT INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            (generation, r.index, ev.fitness, ev.score, _dumps(r.history), _dumps(ev.metrics),
                             _dumps(ev.train_metrics), rel, digest, _dumps(r.arch), _dumps(r.hparams), ev.wall_s))
+                self._insert_compute(db, generation, ev)
+            if spent is not None:
+                db.execute("INSERT OR REPLACE INTO run VALUES ('spent', ?)", (_dumps(spent.to_json()),))
             self._insert_population(db, generation + 1, starts)
             if diversity is not None:
                 self._insert_diversity(db, generation, diversity)
@@ -257,6 +276,128 @@ class RunStore:
             db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
         _crash_if("after_commit", generation)
         self._prune(generation)
+
+    # ---- compute (evo.compute) -------------------------------------------------------------------
+    @staticmethod
+    def _insert_compute(db: sqlite3.Connection, generation: int, ev: EvaluatedMember) -> None:
+        if ev.compute is None:
+            return
+        db.execute(_COMPUTE_SCHEMA)  # runs created before the table existed
+        c = ev.compute
+        db.execute("INSERT OR REPLACE INTO compute VALUES (?, ?, ?, ?, ?)",
+                   (generation, ev.record.index, c.env_steps, c.updates, c.member_s))
+
+    def _has_table(self, name: str) -> bool:
+        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+    def compute(self) -> dict[tuple[int, int], Any]:
+        """Every measured evaluation's cumulative line compute, by (generation, member)."""
+        from evo.compute import Compute
+
+        if not self._has_table("compute"):
+            return {}
+        return {(r["generation"], r["idx"]): Compute(r["env_steps"], r["updates"], r["member_s"])
+                for r in self._db.execute("SELECT * FROM compute")}
+
+    def spent(self) -> Any:
+        """What the run has spent in all (evo.compute.Compute; zero for runs from before the measurement)."""
+        from evo.compute import Compute
+
+        data = json.loads(self.get("spent") or "{}")
+        return Compute(**{k: float(v) for k, v in data.items()})
+
+    # ---- asynchronous runs -------------------------------------------------------------------------
+    def save_initial_slots(self, members: list[tuple[MemberRecord, dict[str, Any]]]) -> None:
+        """An async run's founders: generation 0's start states, slot i holding founder i."""
+        written = [(rec, *self._write_checkpoint(0, "start", rec.index, state)) for rec, state in members]
+        with self._transaction() as db:
+            db.execute(_SLOTS_SCHEMA)
+            self._insert_population(db, 0, written)
+            for slot, (rec, _) in enumerate(members):
+                db.execute("INSERT OR REPLACE INTO async_slots VALUES (?, ?, ?)", (slot, rec.index, 0))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('status', 'running')")
+
+    def commit_round(self, slot: int, ev: EvaluatedMember | None, round_: int,
+                     successor: tuple[MemberRecord, int, dict[str, Any]], spent: Any, rounds_done: int,
+                     failures: list[Failure] | None = None) -> None:
+        """Make one member's round durable in one transaction (async runs): its evaluation at
+        generation `round_` (None: it failed; its `failures`), and what `slot` trains next
+        (`successor`: record, the round it starts, its start state)."""
+        trained = None if ev is None else self._write_checkpoint(round_, "trained", ev.record.index, ev.state)
+        rec, start_round, state = successor
+        start = self._write_checkpoint(start_round, "start", rec.index, state)
+        _crash_if("after_checkpoints", rounds_done)
+        with self._transaction() as db:
+            db.execute(_SLOTS_SCHEMA)
+            if ev is not None and trained is not None:
+                r = ev.record
+                db.execute("INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           (round_, r.index, ev.fitness, ev.score, _dumps(r.history), _dumps(ev.metrics),
+                            _dumps(ev.train_metrics), *trained, _dumps(r.arch), _dumps(r.hparams), ev.wall_s))
+                self._insert_compute(db, round_, ev)
+            if failures:
+                db.execute(_FAILURES_SCHEMA)
+                for f in failures:
+                    db.execute("INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (f.generation, f.index, f.attempt, f.kind, f.message, int(f.retried), time.time()))
+            self._insert_population(db, start_round, [(rec, *start)])
+            db.execute("INSERT OR REPLACE INTO async_slots VALUES (?, ?, ?)", (slot, rec.index, start_round))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('spent', ?)", (_dumps(spent.to_json()),))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('rounds_done', ?)", (str(rounds_done),))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('updated_at', ?)", (repr(time.time()),))
+        _crash_if("after_commit", rounds_done)
+
+    def complete_generation(self, generation: int, wall_s: float, diversity: Diversity | None = None) -> bool:
+        """Mark `generation` complete in an async run (every slot has passed that round); False if
+        no member was evaluated at it (nothing to mark)."""
+        rows = self.evaluations(generation)
+        if not rows:
+            return False
+        with self._transaction() as db:
+            if diversity is not None:
+                self._insert_diversity(db, generation, diversity)
+            db.execute("INSERT OR REPLACE INTO generations VALUES (?, ?, ?, ?, ?)",
+                       (generation, time.time(), rows[0]["index"], rows[0]["score"], wall_s))
+            db.execute("INSERT OR REPLACE INTO run VALUES ('generations_done', ?)", (str(generation + 1),))
+        return True
+
+    def slots(self) -> list[tuple[int, int, int]]:
+        """An async run's slots: (slot, member index, the round it trains next)."""
+        if not self._has_table("async_slots"):
+            return []
+        return [(r["slot"], r["idx"], r["round"]) for r in self._db.execute("SELECT * FROM async_slots ORDER BY slot")]
+
+    def load_start(self, generation: int, index: int) -> tuple[MemberRecord, dict[str, Any]]:
+        """One member's start state of `generation` (an async slot's pending round)."""
+        for rec, rel, digest in self.population(generation):
+            if rec.index == index:
+                if rel is None:
+                    raise RunStoreError(f"{self.path}: generation {generation} start checkpoint of member {index} was pruned")
+                state, _ = load_state(self.path / rel, expect_digest=digest)
+                return rec, state
+        raise RunStoreError(f"{self.path}: no start state of member {index} in generation {generation}")
+
+    def prune_async(self) -> None:
+        """An async run's obsolete checkpoints: start states no slot waits on, and trained states that
+        are neither a completed generation's best nor a member's latest."""
+        pending = {(r, i) for _, i, r in self.slots()}
+        keep_best = {(r["generation"], r["best_idx"]) for r in self._db.execute("SELECT generation, best_idx FROM generations")}
+        latest = {(r[0], r[1]) for r in self._db.execute("SELECT MAX(generation), idx FROM evaluations GROUP BY idx")}
+        with self._transaction() as db:
+            starts = [r for r in db.execute("SELECT generation, idx, checkpoint FROM population "
+                                            "WHERE checkpoint IS NOT NULL").fetchall()
+                      if (r["generation"], r["idx"]) not in pending]
+            trained = [r for r in db.execute("SELECT generation, idx, checkpoint FROM evaluations "
+                                             "WHERE checkpoint IS NOT NULL").fetchall()
+                       if (r["generation"], r["idx"]) not in keep_best | latest]
+            for r in starts:
+                db.execute("UPDATE population SET checkpoint = NULL WHERE generation = ? AND idx = ?",
+                           (r["generation"], r["idx"]))
+            for r in trained:
+                db.execute("UPDATE evaluations SET checkpoint = NULL WHERE generation = ? AND idx = ?",
+                           (r["generation"], r["idx"]))
+        for r in [*starts, *trained]:
+            shutil.rmtree(self.path / r["checkpoint"], ignore_errors=True)
 
     # ---- diversity ------------------------------------------------------------------------------
     @staticmethod

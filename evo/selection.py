@@ -7,11 +7,12 @@ seed always selects the same parents.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["fitness_score", "argmax_tiebreak", "tournament_select"]
+__all__ = ["fitness_score", "argmax_tiebreak", "tournament_select", "pick_best", "judged_tournament_select",
+           "keep_founder_lines"]
 
 
 def fitness_score(history: Sequence[float], window: int) -> float:
@@ -56,3 +57,84 @@ def tournament_select(fitness: Sequence[float], n_children: int, tournament_size
         entrants = rng.choice(n, size=tournament_size, replace=False)
         parents.append(int(entrants[argmax_tiebreak(values[entrants], rng)]))
     return elite, parents
+
+
+# ---- selection that is not blind: ties broken by a secondary signal, judging at equal compute ----
+
+Judge = Callable[[Sequence[int]], tuple[Sequence[float], Sequence[float]]]
+
+
+def pick_best(values: Sequence[float], rng: np.random.Generator, secondary: Sequence[float] | None = None,
+              tolerance: float = 0.0, secondary_name: str = "secondary") -> tuple[int, str]:
+    """The position of the best of `values` and what decided it: "score" (one value is best by more
+    than `tolerance`), "secondary:NAME" (the tied best differ in `secondary`, larger is better; NaN
+    ranks last), "random tie" (tied in both: `rng` draws) or "only entrant"."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 1:
+        return 0, "only entrant"
+    top = arr.max()
+    tied = np.flatnonzero(arr >= top - tolerance) if math.isfinite(top) else np.flatnonzero(arr == top)
+    if tied.size == 1:
+        return int(tied[0]), "score"
+    if secondary is not None:
+        sec = np.asarray(secondary, dtype=float)[tied]
+        sec = np.where(np.isnan(sec), -np.inf, sec)
+        if np.isfinite(sec).any():
+            best = tied[np.flatnonzero(sec == sec.max())]
+            if best.size == 1:
+                return int(best[0]), f"secondary:{secondary_name}"
+            tied = best
+    return int(tied[int(rng.integers(tied.size))]), "random tie"
+
+
+def judged_tournament_select(n: int, n_children: int, tournament_size: int, elitism: bool, rng: np.random.Generator,
+                             judge: Judge, eligible: Sequence[bool] | None = None, tolerance: float = 0.0,
+                             secondary_name: str = "secondary") -> tuple[int | None, list[int], list[str]]:
+    """`tournament_select` where each tournament's entrants are judged together by `judge(positions)`
+    -> (values, secondary values) (e.g. at equal compute), ties going to the secondary signal
+    (`pick_best`). Returns (elite, parents, what decided each parent's tournament)."""
+    pool = np.arange(n) if eligible is None else np.flatnonzero(np.asarray(eligible, dtype=bool))
+    if pool.size == 0:
+        raise ValueError("cannot select: every member failed")
+    size = min(tournament_size, pool.size)
+    elite = None
+    if elitism:
+        values, sec = judge([int(p) for p in pool])
+        elite = int(pool[pick_best(values, rng, sec, tolerance, secondary_name)[0]])
+    parents, decided = [], []
+    for _ in range(max(n_children - (1 if elitism else 0), 0)):
+        entrants = [int(p) for p in pool[rng.choice(pool.size, size=size, replace=False)]]
+        values, sec = judge(entrants)
+        best, why = pick_best(values, rng, sec, tolerance, secondary_name)
+        parents.append(entrants[best])
+        decided.append(why)
+    return elite, parents, decided
+
+
+def keep_founder_lines(parents: list[int], founders: Sequence[int], values: Sequence[float], lines: int,
+                       eligible: Sequence[bool] | None = None, elite: int | None = None) -> tuple[list[int], list[int]]:
+    """Make at least `lines` founders' lines parents of the next population (fewer if fewer are
+    alive): each missing line, best first by its best member's value, takes the slot of a parent
+    whose line holds the most slots. Returns (parents, the slots changed)."""
+    ok = [True] * len(founders) if eligible is None else list(eligible)
+    best_of: dict[int, int] = {}
+    for pos, founder in enumerate(founders):
+        if ok[pos] and (founder not in best_of or values[pos] > values[best_of[founder]]):
+            best_of[founder] = pos
+    parents = list(parents)
+    present = [founders[p] for p in parents] + ([founders[elite]] if elite is not None else [])
+    missing = sorted((f for f in best_of if f not in present), key=lambda f: -values[best_of[f]])
+    changed = []
+    for founder in missing:
+        if len(set(present)) >= lines:
+            break
+        counts = {f: present.count(f) for f in set(present)}
+        crowded = max(counts, key=lambda f: (counts[f], -f))
+        if counts[crowded] < 2:
+            break
+        # the crowded line's last parent slot goes to the missing line's best member
+        slot = max(i for i, p in enumerate(parents) if founders[p] == crowded)
+        parents[slot] = best_of[founder]
+        present = [founders[p] for p in parents] + ([founders[elite]] if elite is not None else [])
+        changed.append(slot)
+    return parents, changed

@@ -38,12 +38,54 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BudgetSpec(_Strict):
+    """A run's compute budget: exactly one unit. Counted over every member-round trained (docs/experiments.md)."""
+
+    env_steps: int | None = Field(default=None, ge=1, description="environment steps (the agent's own `env_steps` "
+                                                                  "counter, else its train unit)")
+    updates: int | None = Field(default=None, ge=1, description="gradient updates (the agent's `updates` counter, "
+                                                                "else its train unit)")
+    member_seconds: float | None = Field(default=None, gt=0, description="seconds members spent training + evaluating")
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> BudgetSpec:
+        given = [k for k in ("env_steps", "updates", "member_seconds") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"expected exactly one of env_steps, updates, member_seconds, found {given or 'none'}")
+        return self
+
+    @property
+    def unit(self) -> str:
+        return next(k for k in ("env_steps", "updates", "member_seconds") if getattr(self, k) is not None)
+
+    @property
+    def amount(self) -> float:
+        return float(getattr(self, self.unit))
+
+
 class PopulationSpec(_Strict):
     size: int = Field(ge=1, le=4096, description="number of members")
     generations: int = Field(ge=1, description="generations to run")
     steps_per_generation: int = Field(ge=1, description="passed to agent.train(steps) each generation")
-    initial: Literal["same", "sample"] = Field(
-        default="same", description="founders' hyperparameters: all the starting values, or drawn from the ranges")
+    initial: Literal["same", "sample", "scratch"] = Field(
+        default="same", description="founders' hyperparameters: all the starting values, drawn from the ranges "
+                                    "but member 0's ('sample'), or every founder's drawn ('scratch')")
+    mode: Literal["sync", "async"] = Field(
+        default="sync", description="sync: generations with a barrier (bit-reproducible); async: a member that ends "
+                                    "its round is judged and continues or is replaced at once (docs/experiments.md)")
+    budget: BudgetSpec | None = Field(default=None, description="stop when the run has spent this much compute "
+                                                                "(besides the generations count)")
+    rungs: list[float] = Field(default_factory=list, description="async: early-stopping rungs inside a round, as "
+                                                                 "fractions of its steps (e.g. [0.25, 0.5])")
+    rung_keep: float = Field(default=0.5, gt=0, lt=1, description="at a rung, a member outside this top share of "
+                                                                  "the round's members at that rung stops")
+
+    @field_validator("rungs")
+    @classmethod
+    def _rungs_inside_a_round(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x < 1 for x in v) or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"expected increasing fractions strictly between 0 and 1, found {v}")
+        return v
 
 
 class AgentSpec(_Strict):
@@ -57,6 +99,17 @@ class SelectionSpec(_Strict):
     tournament_size: int = Field(default=2, ge=1)
     elitism: bool = True
     fitness_window: int = Field(default=1, ge=1, description="fitness = mean of the last k evaluations")
+    equal_compute: Literal["none", "env_steps", "updates", "member_seconds"] = Field(
+        default="none", description="judge members at equal compute of this unit (each by its line's score at the "
+                                    "level every entrant reached); async mode compares at equal env_steps by default")
+    secondary: str | None = Field(default=None, min_length=1,
+                                  description="a metric the agent reports (evaluation, else training) that ranks "
+                                              "members whose scores tie, e.g. 'train_episode_return'")
+    tie_tolerance: float = Field(default=0.0, ge=0, description="scores this close count as tied")
+    founder_lines: int = Field(default=0, ge=0, description="keep at least this many founders' lines alive "
+                                                            "(each by its best member), so one founder cannot take all")
+    clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
+                                                         "with fewer rounds (false: it continues instead)")
 
 
 class MutationSpec(_Strict):
@@ -72,6 +125,9 @@ class MutationSpec(_Strict):
         default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
     rl_hp: float = Field(default=0.2, ge=0)
     rl_hp_count: int = Field(default=1, ge=1, description="hyperparameters changed by one rl_hp mutation")
+    model_guided: float = Field(default=0.0, ge=0, description="PB2-style: new hyperparameters where a Gaussian "
+                                                               "process of (hyperparameters, round) -> score gain "
+                                                               "has the highest upper confidence bound (scikit-learn)")
 
     @field_validator("activation_choices")
     @classmethod
@@ -89,7 +145,9 @@ class MutationSpec(_Strict):
             raise ValueError("expected at least one mutation kind with probability > 0")
         return self
 
-    KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp")
+    # model_guided last: a zero weight there leaves the draws of the others exactly as they were
+    KINDS: ClassVar[tuple[str, ...]] = ("no_mutation", "architecture", "parameters", "activation", "rl_hp",
+                                        "model_guided")
 
     def weights(self):
         import numpy as np
@@ -163,6 +221,16 @@ class ExperimentSpec(_Strict):
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
 
     @model_validator(mode="after")
+    def _async_fits(self) -> ExperimentSpec:
+        if self.population.rungs and self.population.mode != "async":
+            raise ValueError("population.rungs: expected population.mode = 'async' (rungs stop rounds early, "
+                             "inside asynchronous evolution), found mode 'sync'")
+        if self.population.mode == "async" and self.resources.fused:
+            raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
+                             "program, in step), found 'async'")
+        return self
+
+    @model_validator(mode="after")
     def _tournament_fits(self) -> ExperimentSpec:
         if self.selection.tournament_size > self.population.size:
             raise ValueError(
@@ -216,8 +284,8 @@ def _from_pydantic(source: str, exc: ValidationError) -> SpecError:
     if msg.startswith("Input should be "):
         msg = msg.removeprefix("Input should be ")
         return SpecError(source, loc, f"expected {msg}, found {_describe(err.get('input'))}")
-    if msg.startswith(("expected", "selection.")):
-        if msg.startswith("selection."):
+    if msg.startswith(("expected", "selection.", "population.")):
+        if msg.startswith(("selection.", "population.")):
             field, _, rest = msg.partition(": ")
             return SpecError(source, field, rest)
         return SpecError(source, loc, f"{msg}")

@@ -36,7 +36,7 @@ def test_the_no_mutation_ablation_changes_only_the_mutation_weights():
     t = task("cartpole", quick=True)
     exp, _ = load(t, seed=0)
     ablated, _ = load(t, seed=0, **NO_MUTATION)
-    assert list(ablated.mutation.weights()) == [1.0, 0.0, 0.0, 0.0, 0.0]  # every child an unmutated copy
+    assert list(ablated.mutation.weights()) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # every child an unmutated copy
     assert list(exp.mutation.weights()) != list(ablated.mutation.weights())
     assert ablated.selection == exp.selection and ablated.hparam_space == exp.hparam_space
 
@@ -109,3 +109,54 @@ def test_quick_run_writes_the_report_schema(tmp_path):
     assert set(report["strategies"]) == {"evo", "random", "pbt", "pb2", "agilerl"}
     check_report_schema(report)
     assert (tmp_path / "hpo.png").stat().st_size > 0
+
+
+def test_the_scratch_regime_draws_every_founder_as_evo_does():
+    from evo.agent import AgentContext
+    from evo.population import initial_population
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=3, regime="scratch")
+    assert exp.population.initial == "scratch"
+    members = initial_population(exp, AgentContext(task=exp.task, seed=3))
+    for member, start in zip(members, founders(exp), strict=True):
+        assert {k: member.agent.hparams[k] for k in start} == start
+    assert founders(exp)[0]["lr"] != exp.hparam_space["lr"].value  # member 0 is drawn too
+
+
+def test_area_under_best_so_far_charges_late_hits():
+    from benchmarks.hpo.stats import auc
+
+    early, late = [[100, 1.0, 400.0], [400, 4.0, 400.0]], [[100, 1.0, 10.0], [400, 4.0, 400.0]]
+    assert auc(early, 0, 400) == pytest.approx((0 * 100 + 400 * 300) / 400)
+    assert auc(late, 0, 400) == pytest.approx((0 * 100 + 10 * 300) / 400)
+    assert auc([[100, 1.0, 50.0], [200, 2.0, 20.0]], 0, 300) == pytest.approx((50 * 200) / 300)  # best so far
+    assert auc(late, 1, 8.0) == pytest.approx((10 * 3 + 400 * 4) / 8)  # a point at the horizon counts after it
+
+
+def test_bootstrap_interval_resolves_a_clear_difference_and_not_noise():
+    from benchmarks.hpo.stats import bootstrap_difference, compare
+
+    clear = bootstrap_difference([480, 490, 500, 470, 495], [100, 120, 90, 110, 105])
+    assert clear["excludes_0"] and clear["ci95"][0] > 300
+    noise = bootstrap_difference([100, 300, 200, 250, 150], [120, 280, 210, 240, 160])
+    assert not noise["excludes_0"]
+    runs = {"evo": [{"curve": [[100, 1.0, 400.0]], "final_best": 400.0}] * 3,
+            "random": [{"curve": [[100, 9.0, 100.0]], "final_best": 100.0}] * 3}
+    out = compare(runs, budget=100)
+    assert out["evo-random"]["final_best"]["difference"] == 300.0 and out["horizon_seconds"] == 9.0
+
+
+def test_an_async_curve_takes_a_point_every_population_of_rounds():
+    from benchmarks.hpo.evo_strategy import CurveObserver
+
+    obs = CurveObserver(steps_per_generation=100, population=2)
+    for index, fitness in [(0, 10.0), (1, 30.0), (0, 20.0), (2, 15.0), (1, 5.0)]:
+        obs.member_event(index, "done", {"fitness": fitness})
+    obs.generation_done(0, [{"fitness": 99.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [(p[0], p[2]) for p in obs.curve] == [(200, 30.0), (400, 20.0)]  # generations add no point
+    sync = CurveObserver(steps_per_generation=100)
+    for index in range(2):
+        sync.member_event(index, "done", {"fitness": 1.0})
+    sync.generation_done(0, [{"fitness": 7.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [(p[0], p[2]) for p in sync.curve] == [(200, 7.0)]

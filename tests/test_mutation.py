@@ -130,3 +130,24 @@ def test_a_mutation_that_returns_no_record_is_an_error_naming_the_agent_and_kind
     agent = Careless.create(ToyAgent.default_arch(), hp, 3, 0, AgentContext(task=ToyAgent.validate_task({})))
     with pytest.raises(TypeError, match="^Careless: a architecture mutation must return a MutationRecord, found dict$"):
         apply_mutation(agent, MutationSpec(**ONLY["architecture"]), SPACE, np.random.default_rng(0))
+
+
+def test_model_guided_mutation_moves_toward_what_gained_and_falls_back_without_data() -> None:
+    pytest.importorskip("sklearn")
+    space = ToyAgent.default_hparams()
+    agent = ToyAgent.create(ToyAgent.default_arch(), {n: hp.value for n, hp in space.items()}, 0, 0, AgentContext())
+    spec = MutationSpec(no_mutation=0, architecture=0, parameters=0, rl_hp=0, model_guided=1)
+    rng = np.random.default_rng(0)
+    # rounds gained most with lr near 1e-2 and batch_size near 100, whatever the round
+    observations = []
+    for r in range(6):
+        for lr in (1e-4, 1e-3, 3e-3, 1e-2, 2.5e-2):
+            for bs in (10, 60, 100):
+                gain = -abs(np.log10(lr) + 2) - abs(bs - 100) / 100
+                observations.append(({"lr": lr, "batch_size": bs, "weight_decay": 0.0}, r, gain))
+    record = apply_mutation(agent, spec, space, rng, observations, round_=6)
+    assert record.kind == "model_guided" and record.details["observations"] == len(observations)
+    assert 3e-3 < agent.hparams["lr"] < 3e-2 and agent.hparams["batch_size"] >= 70
+    assert isinstance(agent.hparams["batch_size"], int)
+    fallback = apply_mutation(agent, spec, space, rng, observations[:2], round_=1)
+    assert "fallback" in fallback.details and fallback.kind == "model_guided"

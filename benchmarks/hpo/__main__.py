@@ -1,6 +1,7 @@
 """The HPO benchmark: evo against random search, Ray Tune PBT / PB2 and AgileRL, side by side.
 
-    python -m benchmarks.hpo [--quick] [--seeds K] [--task cartpole|randomwalks] --json OUT.json [--plot OUT.png]
+    python -m benchmarks.hpo [--quick] [--seeds K] [--task cartpole|randomwalks] [--regime tuned|scratch]
+        --json OUT.json [--plot OUT.png]
 
 Every strategy gets the same budget (`common.Task.budget`: training steps of all members together)
 and searches the same space; each (seed, strategy) runs in a process of its own, interleaved seed
@@ -8,6 +9,12 @@ by seed (evo, random, PBT, AgileRL, PB2 for seed 0, then seed 1, …) so that lo
 shared machine hit every strategy alike, and each run's load average is recorded. The JSON is
 rewritten after every run, so a run cut short keeps what finished. docs/benchmarks.md has the
 method and the results.
+
+Regimes: "tuned" (member 0 starts from the experiment file's tuned values, the others drawn from
+the ranges) and "scratch" (HPO from scratch: every founder drawn). Default 5 seeds. The report's
+`compare` block (benchmarks/hpo/stats.py) gives, for evo and evo-async against each peer, the
+difference of medians of the final best and of the areas under best-so-far vs steps and vs
+seconds, each with a bootstrap 95% interval over seeds.
 """
 
 from __future__ import annotations
@@ -24,18 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hpo.common import ROOT, machine, task
+from benchmarks.hpo.stats import compare
 from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
 
 REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")
 
 
 def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, reuse: bool = False,
-            collect_only: bool = False) -> dict[str, Any]:
+            collect_only: bool = False, regime: str = "tuned") -> dict[str, Any]:
     """One strategy × seed in a subprocess; a failure is recorded (with its log's tail), not raised.
     `reuse`: a result this (seed, strategy) already left in `log_dir` is read instead of run again;
     `collect_only`: nothing is run — a missing result is reported "not run", a partial one as partial."""
-    out = log_dir / f"{name}_{seed}.json"
-    log = log_dir / f"{name}_{seed}.log"
+    tag = "" if regime == "tuned" else f"_{regime}"  # tuned runs keep their old file names (--reuse)
+    out = log_dir / f"{name}{tag}_{seed}.json"
+    log = log_dir / f"{name}{tag}_{seed}.log"
     if reuse and out.exists():
         return {**json.loads(out.read_text()), "reused_from": str(out)}
     if collect_only:
@@ -46,7 +55,7 @@ def run_one(name: str, seed: int, task_name: str, quick: bool, log_dir: Path, re
         return {"strategy": name, "seed": seed, "error": "not run", "steps_to_target": None, "seconds_to_target": None,
                 "final_best": None, "curve": []}
     cmd = [sys.executable, "-m", "benchmarks.hpo.strategy", "--strategy", name, "--seed", str(seed),
-           "--task", task_name, "--out", str(out), *(["--quick"] if quick else [])]
+           "--task", task_name, "--regime", regime, "--out", str(out), *(["--quick"] if quick else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     with open(log, "w") as fh:
@@ -88,8 +97,10 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, reduced budgets: a few minutes")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 3, --quick 1)")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, reduced budgets: minutes per strategy")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 5, --quick 2)")
+    parser.add_argument("--regime", default="tuned", choices=["tuned", "scratch"],
+                        help="founders: member 0 from the tuned file ('tuned') or every founder drawn ('scratch')")
     parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
     parser.add_argument("--strategies", default=None,
                         help=f"comma-separated subset of {','.join(STRATEGIES)}, run in this order within a seed "
@@ -104,14 +115,15 @@ def main() -> None:
                         help="run nothing: write the report from the results (and partial curves) in --logs")
     args = parser.parse_args()
     t = task(args.task, args.quick)
-    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 3)))
+    seeds = list(range(args.seeds if args.seeds is not None else (2 if args.quick else 5)))
     names = args.strategies.split(",") if args.strategies else [s for s in STRATEGIES
                                                                   if args.task == "cartpole" or s != "agilerl"]
     unknown = [n for n in names if n not in STRATEGIES and n not in ABLATIONS]
     if unknown:
         parser.error(f"--strategies: unknown {unknown}; expected some of {list(STRATEGIES) + list(ABLATIONS)}")
     report: dict[str, Any] = {
-        "benchmark": "hpo", "quick": args.quick, "task": t.to_json(), "seeds": seeds, "machine": machine(),
+        "benchmark": "hpo", "quick": args.quick, "task": t.to_json(), "regime": args.regime, "seeds": seeds,
+        "machine": machine(),
         "budget_counts": f"{t.unit} of every member's training (train() steps), summed over the population; "
                          "fitness evaluations are not counted (their time is in the wall clock)",
         "skipped": {} if args.task == "cartpole" else {"agilerl": "AgileRL's DQN is online; randomwalks is offline"},
@@ -128,12 +140,14 @@ def main() -> None:
         for name in names:  # interleaved: every strategy of seed 0, then seed 1, ...
             print(f"[{time.strftime('%H:%M:%S')}] {name} seed {seed} (load {os.getloadavg()[0]:.1f})", flush=True)
             result = run_one(name, seed, args.task, args.quick, log_dir, reuse=args.reuse or args.collect,
-                             collect_only=args.collect)
+                             collect_only=args.collect, regime=args.regime)
             report["strategies"][name].append(result)
             print(f"    steps_to_target {result['steps_to_target']} seconds_to_target {result['seconds_to_target']} "
                   f"final_best {result['final_best']}" + (f" ERROR {result['error']}" if "error" in result else ""),
                   flush=True)
             report["ratios"] = ratios(report)
+            report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
+                                 for ref in ("evo", "evo-async") if ref in report["strategies"]}
             report["machine"]["loadavg_now"] = list(os.getloadavg())
             Path(args.json).write_text(json.dumps(report, indent=2, default=str))
             if args.plot:

@@ -49,13 +49,18 @@ def task(name: str, quick: bool) -> Task:
     raise ValueError(f"--task: expected 'cartpole' or 'randomwalks', found {name!r}")
 
 
-def load(t: Task, seed: int, **overrides: Any):
-    """The task's experiment with the benchmark's seed, budget and founders (see `founders`)."""
+REGIMES = {"tuned": "sample", "scratch": "scratch"}  # --regime -> population.initial
+
+
+def load(t: Task, seed: int, regime: str = "tuned", **overrides: Any):
+    """The task's experiment with the benchmark's seed, budget and founders (see `founders`): in the
+    "tuned" regime member 0 starts from the file's tuned values, in "scratch" every founder is drawn."""
     from evo.spec import load_experiment
 
     exp, text = load_experiment(ROOT / t.experiment, {
         "seed": seed, "population.size": t.population, "population.generations": t.generations,
-        "population.steps_per_generation": t.steps_per_generation, "population.initial": "sample", **overrides})
+        "population.steps_per_generation": t.steps_per_generation, "population.initial": REGIMES[regime],
+        **overrides})
     return exp, text
 
 
@@ -66,12 +71,12 @@ def search_space(exp) -> dict[str, Any]:
 
 def founders(exp) -> list[dict[str, Any]]:
     """The starting hyperparameters of each member, exactly as evo's `initial_population` draws them with
-    `population.initial = "sample"`: member 0 the file's values, the others sampled from the ranges.
-    Random search, PBT and PB2 start from these same members."""
+    `population.initial = "sample"` (member 0 the file's values, the others sampled from the ranges)
+    or "scratch" (all sampled). Random search, PBT and PB2 start from these same members."""
     out = []
     for index in range(exp.population.size):
         values = {name: hp.value for name, hp in exp.hparam_space.items()}
-        if index > 0:
+        if index > 0 or exp.population.initial == "scratch":
             rng = np.random.default_rng(np.random.SeedSequence([exp.seed, index, 0x1417]))
             values.update({name: hp.sample(rng) for name, hp in exp.hparam_space.items() if hp.mutable})
         out.append(values)

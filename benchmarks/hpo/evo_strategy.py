@@ -19,11 +19,21 @@ from evo.observer import RunObserver
 
 
 class CurveObserver(RunObserver):
-    def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None) -> None:
+    """Steps are counted from members' rounds as they end ("done" events: `steps_per_generation`
+    each), so a point says what the run had trained by then, in sync and async runs alike (an async
+    generation completes while later rounds are already done)."""
+
+    def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None,
+                 population: int | None = None) -> None:
+        """`population`: an async run's size: a point is taken every `population` rounds (the best
+        fitness of those rounds), since its generations complete behind its rounds."""
         self.steps_per_generation = steps_per_generation
         self.on_point = on_point
+        self.population = population
+        self.recent: list[float] = []
         self.start = time.perf_counter()
         self.steps = 0
+        self.rounds_done = 0
         self.curve: list[list[float]] = []
         self.profile: list[dict[str, Any]] = []
         self._t_gen = self.start
@@ -31,11 +41,29 @@ class CurveObserver(RunObserver):
     def generation_started(self, generation: int, indices: list[int]) -> None:
         self._t_gen = time.perf_counter()
 
+    def member_event(self, index: int, event: str, details: dict[str, Any]) -> None:
+        if event != "done":
+            return
+        self.rounds_done += 1
+        if self.population:
+            self.recent = [*self.recent, float(details["fitness"])][-self.population:]
+            if self.rounds_done % self.population == 0:
+                now = time.perf_counter()
+                self.steps = self.rounds_done * self.steps_per_generation
+                self.curve.append([self.steps, round(now - self.start, 2), max(self.recent)])
+                print(f"evo-async rounds {self.rounds_done}: steps {self.steps} t {now - self.start:.0f}s "
+                      f"best {max(self.recent):.1f}", flush=True)
+                if self.on_point is not None:
+                    self.on_point(self.curve)
+
     def generation_done(self, generation: int, board: list[dict[str, Any]]) -> None:
         now = time.perf_counter()
-        self.steps += len(board) * self.steps_per_generation
+        if not board:
+            return
         best = max(float(row["fitness"]) for row in board)
-        self.curve.append([self.steps, round(now - self.start, 2), best])
+        if not self.population:  # sync: a point per generation
+            self.steps = self.rounds_done * self.steps_per_generation
+            self.curve.append([self.steps, round(now - self.start, 2), best])
         self.profile.append({
             "generation": generation, "wall_s": round(now - self._t_gen, 2),
             # member-side seconds, summed over members (they run 2 at a time on the Ray workers)
@@ -46,7 +74,7 @@ class CurveObserver(RunObserver):
             "fitness": [float(r["fitness"]) for r in board],
         })
         print(f"evo gen {generation}: steps {self.steps} t {now - self.start:.0f}s best {best:.1f}", flush=True)
-        if self.on_point is not None:
+        if self.on_point is not None and not self.population:
             self.on_point(self.curve)
 
 
@@ -55,28 +83,39 @@ class CurveObserver(RunObserver):
 NO_MUTATION = {"mutation.no_mutation": 1.0, "mutation.architecture": 0.0, "mutation.parameters": 0.0,
                "mutation.activation": 0.0, "mutation.rl_hp": 0.0}
 
+# `evo-async`: asynchronous evolution (evo/steady.py) judged at equal env steps, ties broken by the
+# training return, two founders' lines kept
+ASYNC = {"population.mode": "async", "selection.equal_compute": "env_steps",
+         "selection.secondary": "train_episode_return", "selection.founder_lines": 2}
+
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
-        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`overrides`: experiment settings changed for an ablation (dotted keys, e.g. NO_MUTATION)."""
+        overrides: dict[str, Any] | None = None, regime: str = "tuned") -> dict[str, Any]:
+    """`overrides`: experiment settings changed for an ablation or mode (dotted keys, e.g. NO_MUTATION, ASYNC)."""
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
-    exp, text = load(t, seed, backend=backend, **(overrides or {}))
+    exp, text = load(t, seed, regime, backend=backend, **(overrides or {}))
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
         scheduler, context = start_backend(exp, backend)
         try:
-            observer = CurveObserver(t.steps_per_generation, on_point)  # the clock starts once the backend is up
+            # the clock starts once the backend is up
+            observer = CurveObserver(t.steps_per_generation, on_point,
+                                     population=t.population if exp.population.mode == "async" else None)
             evolve(exp, store, scheduler, context, observer=observer)
+            spent = store.spent().to_json()
         finally:
             scheduler.close()
             store.close()
     return {
         "curve": observer.curve,
         "profile": observer.profile,
+        "spent": spent,  # env steps, updates and member-seconds the run trained (evo.compute)
         "used": {"selection": f"tournament {exp.selection.tournament_size}, elitism {exp.selection.elitism}, "
                               f"fitness window {exp.selection.fitness_window}",
+                 "mode": exp.population.mode, "regime": regime, "initial": exp.population.initial,
+                 "informed_selection": exp.selection.model_dump(mode="json"),
                  "mutation": exp.mutation.model_dump(mode="json"),
                  "shared_replay": exp.agent_class.replay_spec(exp.task) is not None,
                  "fused": bool(exp.resources.fused),  # fused groups run inline and on Ray (evo/fused/remote.py)

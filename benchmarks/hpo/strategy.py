@@ -1,7 +1,7 @@
 """One strategy on one seed, in a process of its own (its own Ray, nothing left behind):
 
-    python -m benchmarks.hpo.strategy --strategy evo|random|pbt|pb2|agilerl|evo-nomut --seed 0 --task cartpole \
-        [--quick] --out R.json
+    python -m benchmarks.hpo.strategy --strategy evo|evo-async|random|pbt|pb2|agilerl|evo-nomut --seed 0 \
+        --task cartpole [--regime tuned|scratch] [--quick] --out R.json
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import time
 
 from benchmarks.hpo.common import summarise, task
 
-STRATEGIES = ("evo", "random", "pbt", "agilerl", "pb2")  # the run order within a seed: PB2, the extra, last
+# the run order within a seed: PB2, the extra, last; evo-async is evo's asynchronous mode (evo_strategy.ASYNC)
+STRATEGIES = ("evo", "evo-async", "random", "pbt", "agilerl", "pb2")
 # evo with one part switched off, to tell which part of evo a result comes from; run only when named
 ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only"}
 
 
-def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None) -> dict:
+def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
     """`partial`: a file rewritten with the curve so far at every curve point (evo, random, PBT, PB2),
     so a run stopped before the end of its budget still leaves what it measured."""
     t = task(task_name, quick)
@@ -31,22 +32,22 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
             with open(partial, "w") as fh:
                 json.dump(record, fh)
 
-    if name in ("evo", "evo-nomut"):
+    if name in ("evo", "evo-nomut", "evo-async"):
         from benchmarks.hpo import evo_strategy
 
-        overrides = evo_strategy.NO_MUTATION if name == "evo-nomut" else {}
-        out = evo_strategy.run(t, seed, on_point=on_point, overrides=overrides)
+        overrides = {"evo-nomut": evo_strategy.NO_MUTATION, "evo-async": evo_strategy.ASYNC}.get(name, {})
+        out = evo_strategy.run(t, seed, on_point=on_point, overrides=overrides, regime=regime)
     elif name in ("random", "pbt", "pb2"):
         from benchmarks.hpo import tune_strategies
 
-        out = tune_strategies.run(t, seed, name, on_point=on_point)
+        out = tune_strategies.run(t, seed, name, on_point=on_point, regime=regime)
     elif name == "agilerl":
         from benchmarks.hpo import agilerl_peer
 
         out = agilerl_peer.run(t, seed)
     else:
         raise ValueError(f"--strategy: expected one of {STRATEGIES + tuple(ABLATIONS)}, found {name!r}")
-    return {"strategy": name, "seed": seed, **summarise(out["curve"], t.target), **out,
+    return {"strategy": name, "seed": seed, "regime": regime, **summarise(out["curve"], t.target), **out,
             "process_wall_s": round(time.perf_counter() - t0, 1), "loadavg_before": list(load_before),
             "loadavg_after": list(os.getloadavg())}
 
@@ -57,9 +58,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--task", default="cartpole")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--regime", default="tuned", choices=["tuned", "scratch"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    result = run(args.strategy, args.seed, args.task, args.quick, partial=args.out + ".partial")
+    result = run(args.strategy, args.seed, args.task, args.quick, partial=args.out + ".partial", regime=args.regime)
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2, default=str)
 

@@ -152,13 +152,14 @@ def _domain(hp: Any) -> Any:
     return tune.loguniform(hp.min, hp.max) if hp.scale == "log" else tune.uniform(hp.min, hp.max)
 
 
-def run(t: Task, seed: int, strategy: str, on_point: Callable[[list], None] | None = None) -> dict[str, Any]:
+def run(t: Task, seed: int, strategy: str, on_point: Callable[[list], None] | None = None,
+        regime: str = "tuned") -> dict[str, Any]:
     from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
     from evo.rng import member_seed
     from evo.scheduler.cluster import init_ray
 
-    exp, _ = load(t, seed)
+    exp, _ = load(t, seed, regime)
     space = search_space(exp)
     starts = founders(exp)
     setup = {"kind": exp.agent_class.kind, "task": exp.task, "arch": exp.arch, "steps": t.steps_per_generation,

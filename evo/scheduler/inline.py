@@ -104,5 +104,24 @@ class InlineScheduler:
         # trained in place; its start state kept in case it fails
         return context, agent, clone_tree(agent.get_state()), None
 
+    # ---- asynchronous evolution (population.mode = "async"; evo.steady) ------------------------------
+    capacity = 1  # members in flight at once
+
+    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None) -> None:
+        """Queue `agent` for a round of `steps`; `collect` trains it (one member at a time, in order)."""
+        self._submitted = getattr(self, "_submitted", [])
+        self._submitted.append((key, agent, steps, round_, observer))
+
+    def in_flight(self) -> int:
+        return len(getattr(self, "_submitted", []))
+
+    def collect(self, timeout: float | None = None) -> list[tuple[Any, MemberResult]]:
+        """Train the oldest queued member now and return its (key, result); its replay view's
+        writes reach the shared store at once."""
+        if not getattr(self, "_submitted", None):
+            return []
+        key, agent, steps, round_, observer = self._submitted.pop(0)
+        return [(key, self.run_generation([agent], steps, observer, generation=round_)[0])]
+
     def close(self) -> None:
         pass

@@ -189,6 +189,8 @@ class RayScheduler:
         self._ready: dict[Any, Any] = {}  # actor -> its ready() reference, until it has answered
         self.placements: dict[Any, dict[str, Any]] = {}  # actor -> its ready() answer
         self.last_timing: dict[str, Any] = {}  # the last generation's driver-side and worker-side seconds
+        # every generation's (actor pid, start of the member's load, end of its evaluation), wall clock
+        self.sync_spans: list[tuple[int, float, float]] = []
         self.workers = [self._start() for _ in range(num_workers)]
 
     def _start(self) -> Any:
@@ -443,6 +445,8 @@ class RayScheduler:
             timing["nodes"][index] = out["node_id"]
             if out.get("span") is not None:  # (actor pid, train start, evaluate end): time.time() on its node
                 timing["spans"][index] = out["span"]
+                pid, began, ended = out["span"]
+                self.sync_spans.append((pid, began - out.get("load_s", 0.0), ended))
             agent.index = index
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
             if out["staged"] is not None:
@@ -457,6 +461,138 @@ class RayScheduler:
         timing["wall_s"] = time.perf_counter() - began
         self.last_timing = timing
         return [r for r in results if r is not None]
+
+    # ---- asynchronous evolution (population.mode = "async"; evo.steady) ------------------------------
+    @property
+    def capacity(self) -> int:
+        """Members in flight at once: `prefetch` per actor (one training, the next queued behind it,
+        whose start state Ray moves meanwhile: the actor starts it the moment the last one ends)."""
+        return self.num_workers * self.prefetch
+
+    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None) -> None:
+        """Start a round of `steps` for `agent` on the least busy actor (or as soon as one is free);
+        `collect` returns its result under `key`. The member's view of the shared replay store is
+        taken now, and its writes reach the store as soon as its result is collected."""
+        import ray
+
+        if not hasattr(self, "_async_pending"):
+            self._async_pending: dict[Any, dict[str, Any]] = {}
+            self._async_queue: deque[dict[str, Any]] = deque()
+            self.async_spans: list[tuple[int, float, float]] = []  # (actor pid, round start, round end), wall clock
+        shared = self.context.replay
+        self._async_queue.append({
+            "key": key, "agent": agent, "steps": steps, "round": round_, "state": ray.put(agent.get_state()),
+            "basis": shared.view_basis() if shared is not None else None, "attempts": 0, "retries": [],
+            "observer": observer or RunObserver()})
+        self._async_dispatch()
+
+    def in_flight(self) -> int:
+        return len(getattr(self, "_async_pending", {})) + len(getattr(self, "_async_queue", ()))
+
+    def _async_dispatch(self) -> None:
+        while self._async_queue:
+            load = {id(w): 0 for w in self.workers if w not in self._ready}
+            for j in self._async_pending.values():
+                if id(j["worker"]) in load:
+                    load[id(j["worker"])] += 1
+            free = [w for w in self.workers if id(w) in load and load[id(w)] < self.prefetch]
+            if not free:
+                return
+            worker = min(free, key=lambda w: load[id(w)])
+            job = self._async_queue.popleft()
+            job["attempts"] += 1
+            # a job queued behind another has that one's time too before its own timeout runs out
+            job["worker"], job["deadline"] = worker, time.monotonic() + self.timeout_s * (load[id(worker)] + 1)
+            seed = view_seed(self.context.seed, job["agent"].index, job["round"])
+            self._async_pending[worker.run.remote(job["state"], job["steps"], job["basis"], seed)] = job
+            job["observer"].member_event(job["agent"].index, "training", {})
+
+    def collect(self, timeout: float | None = 1.0) -> list[tuple[Any, MemberResult]]:
+        """The results that are in (waiting up to `timeout` s for one): (key, result) pairs. A member
+        whose actor died is retried on a fresh actor (up to `max_failures` times) before it is
+        reported lost; one with no result within `timeout_s` is reported failed and its actor replaced."""
+        import ray
+        from ray.exceptions import RayError, RayTaskError
+
+        if not hasattr(self, "_async_pending"):
+            return []
+        self._async_dispatch()
+        warming = {ref: w for w, ref in self._ready.items()}
+        refs = list(self._async_pending) + list(warming)
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        out: list[tuple[Any, MemberResult]] = []
+        for ref in ready:
+            if ref in warming:
+                worker = warming[ref]
+                try:
+                    info = ray.get(ref)
+                except RayError:  # died starting: another in its place
+                    self._replace(worker)
+                    continue
+                del self._ready[worker]
+                self._warmed(worker, info)
+                continue
+            job = self._async_pending.pop(ref)
+            index, worker, observer = job["agent"].index, job["worker"], job["observer"]
+            try:
+                res = ray.get(ref)
+            except RayTaskError as exc:
+                f = Failure(index, "error", _first_line(exc), job["attempts"], job["round"])
+                out.append((job["key"], failed_result(job["agent"], f, 0.0, job["retries"])))
+                observer.member_event(index, "failed", {"error": f"error: {f.message}", "kind": "error"})
+                continue
+            except RayError as exc:  # the actor is gone: a fresh one (once per actor), and the member again
+                if worker in self.workers:
+                    self._replace(worker)
+                self._async_lost(job, f"{type(exc).__name__}: {_first_line(exc)}", out)
+                continue
+            if res["failure"] is not None:
+                kind, message = res["failure"]
+                if kind == "lost":
+                    self._async_lost(job, message, out)
+                    continue
+                f = Failure(index, kind, message, job["attempts"], job["round"])
+                out.append((job["key"], failed_result(job["agent"], f, res["wall_s"], job["retries"])))
+                observer.member_event(index, "failed", {"error": f"{kind}: {message}", "kind": kind})
+                continue
+            agent = self.cls.from_state(res["state"], self.context)
+            agent.index = index
+            if res["staged"] is not None:
+                commit_views(self.context.replay, [(index, res["staged"])])
+            if res.get("span") is not None:  # busy from the state's load on: the actor was not idle then
+                pid, began, ended = res["span"]
+                self.async_spans.append((pid, began - res.get("load_s", 0.0), ended))
+            out.append((job["key"], MemberResult(agent, res["evaluation"], res["metrics"], res["wall_s"], None,
+                                                 job["retries"])))
+            observer.member_event(index, "done", {"fitness": res["evaluation"].fitness, "wall_s": res["wall_s"]})
+        now = time.monotonic()
+        for ref, job in list(self._async_pending.items()):
+            if now >= job["deadline"]:
+                del self._async_pending[ref]
+                if job["worker"] in self.workers:
+                    self._replace(job["worker"])
+                f = Failure(job["agent"].index, "timeout", f"no result within {self.timeout_s:g} s "
+                            "(resources.timeout_s); its worker was replaced", job["attempts"], job["round"])
+                out.append((job["key"], failed_result(job["agent"], f, self.timeout_s, job["retries"])))
+                job["observer"].member_event(f.index, "failed", {"error": f"timeout: {f.message}", "kind": "timeout"})
+        self._async_dispatch()
+        return out
+
+    def _async_lost(self, job: dict[str, Any], message: str, out: list[tuple[Any, MemberResult]]) -> None:
+        """A member lost with its actor: queued again at the front, or failed once out of retries."""
+        index = job["agent"].index
+        if job["attempts"] <= self.max_failures:
+            job["retries"].append(Failure(index, "lost", message, job["attempts"], job["round"], retried=True))
+            self._async_queue.appendleft(job)
+            job["observer"].member_event(index, "retried", {"error": f"lost: {message}", "attempt": job["attempts"]})
+            return
+        f = Failure(index, "lost", message, job["attempts"], job["round"])
+        out.append((job["key"], failed_result(job["agent"], f, 0.0, job["retries"])))
+        job["observer"].member_event(index, "failed", {"error": f"lost: {message}", "kind": "lost"})
 
     def _drop(self, worker: Any) -> None:
         """Kill `worker` and forget it, starting none in its place."""

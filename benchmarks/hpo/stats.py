@@ -1,0 +1,83 @@
+"""Statistics of the HPO benchmark: areas under best-so-far curves and bootstrap intervals of
+evo minus each peer.
+
+A curve is a list of points [steps, seconds, best fitness of that point]. Its *best-so-far*
+curve is the running maximum (what a person who kept the best member so far holds), a step
+function; the area under it up to a horizon, divided by the horizon, is the mean best-so-far over
+the budget (`auc`), in fitness units: a strategy that reaches a good member early has a larger
+area than one that reaches it at the end. Before a curve's first point the best-so-far is the
+`floor` (the task's worst fitness).
+
+Differences between strategies are reported with a percentile bootstrap over seeds: each
+strategy's seeds are resampled with replacement (independently: seeds are not paired across
+strategies), the statistic (median) taken on each resample, and the 2.5 and 97.5 percentiles of
+evo's minus the peer's form the 95% interval. "excludes 0" then says the difference is resolved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["auc", "bootstrap_difference", "compare"]
+
+
+def auc(curve: Sequence[Sequence[float]], axis: int, horizon: float, floor: float = 0.0) -> float | None:
+    """Mean best-so-far fitness over [0, horizon] along `axis` (0: steps, 1: seconds); None without points."""
+    if not curve or horizon <= 0:
+        return None
+    area, best, x_prev = 0.0, floor, 0.0
+    for point in sorted(curve, key=lambda p: p[axis]):
+        x = min(float(point[axis]), horizon)
+        area += best * max(0.0, x - x_prev)
+        x_prev = max(x_prev, x)
+        best = max(best, float(point[2]))
+        if x >= horizon:
+            break
+    area += best * max(0.0, horizon - x_prev)
+    return area / horizon
+
+
+def bootstrap_difference(a: Sequence[float], b: Sequence[float], stat: Callable[[np.ndarray], float] = np.median,
+                         n: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """stat(a) − stat(b) with its percentile-bootstrap 95% interval (independent resampling of a and b)."""
+    a, b = np.asarray([x for x in a if x is not None], float), np.asarray([x for x in b if x is not None], float)
+    if a.size == 0 or b.size == 0:
+        return {"difference": None, "ci95": None, "excludes_0": None, "n": [int(a.size), int(b.size)]}
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(a.size, size=(n, a.size))]
+    rb = b[rng.integers(b.size, size=(n, b.size))]
+    diffs = np.apply_along_axis(stat, 1, ra) - np.apply_along_axis(stat, 1, rb)
+    low, high = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
+    return {"difference": float(stat(a) - stat(b)), "ci95": [low, high], "excludes_0": bool(low > 0 or high < 0),
+            "n": [int(a.size), int(b.size)]}
+
+
+def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, reference: str = "evo",
+            floor: float = 0.0) -> dict[str, Any]:
+    """For each peer: evo's (`reference`'s) median minus the peer's, with bootstrap 95% intervals, of
+    the final best, the area under best-so-far vs steps (horizon: the budget) and vs seconds
+    (horizon: the longest run's last point over all strategies, so a slow run is charged its time)."""
+    def ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in runs if r.get("curve") and "error" not in r]
+
+    horizon_s = max((float(p[1]) for runs in strategies.values() for r in ok(runs) for p in r["curve"]), default=0.0)
+    per: dict[str, dict[str, list[float | None]]] = {}
+    for name, runs in strategies.items():
+        per[name] = {"final_best": [r.get("final_best") for r in ok(runs)],
+                     "auc_steps": [auc(r["curve"], 0, budget, floor) for r in ok(runs)],
+                     "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in ok(runs)]}
+    out: dict[str, Any] = {"horizon_seconds": horizon_s, "per_strategy": {
+        name: {k: (float(np.median([x for x in v if x is not None])) if any(x is not None for x in v) else None)
+               for k, v in m.items()} for name, m in per.items()}}
+    if reference not in per:
+        return out
+    for peer in per:
+        if peer == reference:
+            continue
+        out[f"{reference}-{peer}"] = {k: bootstrap_difference(per[reference][k], per[peer][k])
+                                      for k in ("final_best", "auc_steps", "auc_seconds")}
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}

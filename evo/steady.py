@@ -1,0 +1,412 @@
+"""Asynchronous evolution (`population.mode = "async"`): no generation barrier, no idle worker.
+
+The population is `population.size` *slots*. A slot's member trains one **round** at a time
+(`population.steps_per_generation` steps, then an evaluation). The moment a round ends, the
+member is scored and judged at once, against the latest scores of the others:
+
+* a tournament of `selection.tournament_size` entrants: the member that just finished and
+  others drawn at random among the slots whose member has been evaluated (and did not fail);
+* every entrant is judged by its *line's* score at one common level of compute
+  (`selection.equal_compute`, env steps unless set; `evo.compute.scores_at_equal_compute`): a
+  member that finishes rounds fast is compared with the others at the steps they reached, never
+  with their older, shorter-trained scores, which is the steady-state bias toward fast members
+  (a round is a fixed number of steps, so a fast member finishes more rounds, not cheaper ones);
+* ties go to `selection.secondary`, then to the seeded generator (`evo.selection.pick_best`);
+* if the finisher wins, it continues into its next round unmutated; otherwise its slot gets a
+  mutated clone of the winner (the winner's latest trained state, and its line), which starts at
+  the winner's round: a round counts training, so a clone of a member 5 rounds in starts round 5;
+* `selection.founder_lines`: a member whose founder's line would leave the population, while no
+  more than that many lines are alive, continues instead.
+
+A slot that fails gets a clone of a tournament winner among the others (or, when none has been
+evaluated yet, its member is tried again, `resources.max_failures` times).
+
+**Generations in the run store.** A round is the run store's generation: a member's evaluation
+after its r-th round of training (counting its ancestors' rounds) is the row of generation r, so
+the rows of one generation compare members at equal steps. Generation g is *completed* (a
+`generations` row: its best, the diversity of the members then in the slots; the leaderboard and
+`evo runs` read it) once every slot has passed round g. A slot can go back to an earlier round
+(its clone's winner was behind): its later evaluation at a completed generation is still recorded
+there. The run stops after `population.size × population.generations` member-rounds (the same
+training as a synchronous run), or when `population.budget` is spent, whichever comes first;
+rounds in flight then finish.
+
+**Durability.** Each round commits in one SQLite transaction (`RunStore.commit_round`): the
+evaluation, the line's compute, the slot's next member and its start state. A crash loses only the
+rounds in flight; `evo resume` restarts them from their start states. On the inline backend the
+order of rounds is fixed (the slot with the fewest rounds first), so a run, and a run resumed
+after a crash, are reproducible; on Ray the order is the order results arrive.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from evo import interrupts
+from evo.agent import AgentContext, clone_tree
+from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
+from evo.diversity import measure_diversity
+from evo.faults import GenerationFailed
+from evo.mutation import apply_mutation
+from evo.observer import RunObserver
+from evo.rng import child_seed
+from evo.runstore import EvaluatedMember, MemberRecord, RunStore
+from evo.scheduler.base import MemberResult
+from evo.selection import fitness_score, pick_best
+from evo.spec import Experiment
+
+__all__ = ["evolve_async", "decision_rng", "rebuild_lines", "secondary_value"]
+
+_TAG = 0xA5EC
+
+
+def decision_rng(seed: int, index: int, round_: int) -> np.random.Generator:
+    """The stream for judging member `index` after round `round_` (and mutating its replacement)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, index, round_, _TAG]))
+
+
+def secondary_value(name: str | None, evaluation_metrics: dict, train_metrics: dict) -> float:
+    """`selection.secondary`'s value: the evaluation's metric, else the training metric, else NaN."""
+    if name is None:
+        return math.nan
+    for source in (evaluation_metrics, train_metrics):
+        value = source.get(name)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return math.nan
+
+
+def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[LinePoint]], dict[int, int], list]:
+    """Every member's line (its ancestors' evaluations before its birth, then its own), founder, and
+    the run's observations for the model-guided mutation ((hyperparameters, round, score gain over
+    the round) of every evaluation that follows another on its line), from the run store: a resumed
+    run judges and mutates as the uninterrupted one did."""
+    members = {m["index"]: m for m in store.all_members()}
+    compute = store.compute()
+    steps = exp.population.steps_per_generation
+    own: dict[int, list[tuple[int, LinePoint]]] = {i: [] for i in members}
+    hparams: dict[tuple[int, int], dict] = {}
+    for ev in sorted(store.all_evaluations(), key=lambda e: e["generation"]):
+        g = ev["generation"]
+        c = compute.get((g, ev["index"]), Compute((g + 1) * steps, (g + 1) * steps, 0.0))
+        sec = secondary_value(exp.selection.secondary, ev["metrics"], ev["train_metrics"])
+        own.setdefault(ev["index"], []).append((g, LinePoint(c, float(ev["score"]), sec)))
+        hparams[(g, ev["index"])] = ev["hparams"]
+    full: dict[int, list[tuple[int, LinePoint]]] = {}
+    founders: dict[int, int] = {}
+
+    def line(i: int) -> list[tuple[int, LinePoint]]:
+        if i not in full:
+            parent = members[i]["parent"]
+            if parent is None or parent not in members:
+                founders[i], inherited = i, []
+            else:  # the parent's line up to the round the child was cloned at
+                inherited = [(g, p) for g, p in line(parent) if g < members[i]["born"]]
+                founders[i] = founders[parent]
+            full[i] = inherited + own.get(i, [])
+        return full[i]
+
+    for i in sorted(members):
+        line(i)
+    observations = []
+    for i, points in full.items():
+        mine = {g for g, _ in own.get(i, [])}
+        for (_, before), (g, after) in zip(points, points[1:]):
+            if g in mine:
+                observations.append((g, i, (hparams[(g, i)], g, after.score - before.score)))
+    observations = [o for _, _, o in sorted(observations, key=lambda t: (t[0], t[1]))]
+    return {i: [p for _, p in points] for i, points in full.items()}, founders, observations
+
+
+@dataclass
+class _Slot:
+    slot: int
+    record: MemberRecord
+    agent: object
+    round: int           # the round it trains next (or now)
+    start: Compute       # its line's compute at the start of that round
+    ok: bool = False     # its member has an evaluation of its own and its last round did not fail
+    failures: int = 0
+    segment: int = 0     # with rungs: the part of its round it trains next
+
+
+def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentContext,
+                 generations: int | None = None, observer: RunObserver | None = None) -> None:
+    """Run (or continue) an asynchronous evolution until its budget is spent (module docstring)."""
+    from evo.population import initial_population
+
+    observer = observer or RunObserver()
+    total = generations or exp.population.generations
+    size, steps = exp.population.size, exp.population.steps_per_generation
+    budget = exp.population.budget
+    unit = exp.selection.equal_compute if exp.selection.equal_compute != "none" else "env_steps"
+    secondary = exp.selection.secondary
+    if not store.slots():
+        founders_ = initial_population(exp, context)
+        store.save_initial_slots([(m.record, m.agent.get_state()) for m in founders_])
+        slots = [_Slot(i, m.record, m.agent, 0, Compute()) for i, m in enumerate(founders_)]
+    else:
+        slots = []
+        lines_, _, _ = rebuild_lines(store, exp)
+        for slot, index, round_ in store.slots():
+            rec, state = store.load_start(round_, index)
+            agent = exp.agent_class.from_state(state, context)
+            line = lines_.get(index, [])
+            slots.append(_Slot(slot, rec, agent, round_, line[-1].compute if line else Compute(), ok=bool(rec.history)))
+        done = store.last_completed_generation()
+        if done >= 0 and context.replay is not None:
+            store.restore_replay(context.replay, done)
+    lines, founders, observations = rebuild_lines(store, exp)
+    spent = store.spent()
+    rounds_done = int(store.get("rounds_done") or 0)
+    next_index = max(founders) + 1
+    completed = store.last_completed_generation()
+    store.set(status="running", generations_planned=total, mode="async")
+    observer.generation_started(completed + 1, [s.record.index for s in slots])
+    dispatched, in_flight = rounds_done, set()
+    clock = time.perf_counter()
+    writer = _Writer(store.path, observer)
+    # early stopping inside a round (population.rungs): the round's steps in segments, an evaluation after
+    # each; rung records are the fitnesses seen at (round, rung), as ASHA's
+    bounds = [round(steps * f) for f in exp.population.rungs] + [steps]
+    segment_steps = [b - a for a, b in zip([0, *bounds[:-1]], bounds)]
+    rung_records: dict[tuple[int, int], list[float]] = {}
+    rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
+
+    def exhausted() -> bool:
+        if dispatched >= size * total:
+            return True
+        return budget is not None and spent.get(budget.unit) >= budget.amount
+
+    def dispatch() -> None:
+        nonlocal dispatched
+        while not exhausted() and len(in_flight) < scheduler.capacity:
+            idle = [s for s in slots if s.slot not in in_flight]
+            if not idle:
+                return
+            s = min(idle, key=lambda x: (x.round, x.slot))  # fewest rounds first: no slot runs far ahead
+            scheduler.submit(s.slot, s.agent, segment_steps[s.segment], s.round, observer)
+            in_flight.add(s.slot)
+            dispatched += s.segment == 0
+
+    try:
+        while True:
+            interrupts.check()
+            writer.check()
+            dispatch()
+            if not in_flight:
+                break
+            for key, result in scheduler.collect(timeout=1.0):
+                in_flight.discard(key)
+                s = slots[key]
+                seg = segment_steps[s.segment]
+                stop = False
+                if s.segment < len(segment_steps) - 1 and not result.failed:
+                    stop = _behind_at_rung(exp, slots, s, result, rung_records, lines, founders)
+                    if not stop:  # on to the round's next part: nothing is judged or written yet
+                        after = round_compute(s.start, seg, result.train_metrics, result.wall_s)
+                        spent, s.start, s.agent = spent + (after - s.start), after, result.agent
+                        s.segment += 1
+                        rung_stats["rungs_passed"] += 1
+                        dispatch()
+                        continue
+                    rung_stats["stopped"] += 1
+                    rung_stats["env_steps_saved"] += steps - sum(segment_steps[:s.segment + 1])
+                rounds_done += 1
+                commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, seg, unit, secondary,
+                                      observations, stopped_at=s.segment if stop else None)
+                s.segment = 0
+                spent = spent + cost
+                if commit[1][0].index == next_index:
+                    next_index += 1
+                dispatch()  # the slot's next round starts before anything is written: no worker waits on the disk
+                writer.put(lambda st, c=commit, slot=s.slot, n=rounds_done, sp=spent: st.commit_round(slot, c[0], c[2], c[1],
+                                                                                                    sp, n, c[3]))
+            # generations every slot has passed are complete
+            reached = min(s.round for s in slots)
+            if reached - 1 > completed:
+                diversity = measure_diversity({s.record.index: s.agent.get_state() for s in slots if s.ok})
+                now = time.perf_counter()
+                writer.put(lambda st, first=completed + 1, last=reached - 1, d=diversity, w=now - clock:
+                           _complete(st, first, last, d, w, observer))
+                clock, completed = now, reached - 1
+                if context.replay is not None:
+                    writer.drain()  # the snapshot follows the rounds it holds
+                    store.snapshot_replay(context.replay, completed)
+    finally:
+        writer.close()
+        if exp.population.rungs:
+            store.set(rung_stats=json.dumps(rung_stats))
+    store.set(status="completed", rounds_done=rounds_done)
+
+
+def _behind_at_rung(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult,
+                    records: dict[tuple[int, int], list[float]], lines: dict[int, list[LinePoint]],
+                    founders: dict[int, int]) -> bool:
+    """Record the member's fitness at its rung; True if it is outside the top `population.rung_keep`
+    share of the fitnesses seen at this (round, rung) — by more than `selection.tie_tolerance` — and
+    another member could take its slot (and it is not the last of a founder line kept alive)."""
+    seen = records.setdefault((s.round, s.segment), [])
+    fitness = float(result.evaluation.fitness)
+    seen.append(fitness)
+    rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
+    if len(seen) < 2 or not rivals:
+        return False
+    if exp.selection.founder_lines:
+        line_of = [founders.get(o.record.index, o.record.index) for o in slots]
+        mine = founders.get(s.record.index, s.record.index)
+        if line_of.count(mine) == 1 and len(set(line_of)) <= exp.selection.founder_lines:
+            return False
+    keep = max(1, math.ceil(len(seen) * exp.population.rung_keep))
+    cutoff = sorted(seen, reverse=True)[keep - 1]
+    return fitness < cutoff - exp.selection.tie_tolerance
+
+
+def _complete(store: RunStore, first: int, last: int, diversity, wall_s: float, observer: RunObserver) -> None:
+    """Mark generations first..last complete (the diversity of the members then in the slots on the last)."""
+    for g in range(first, last + 1):
+        if store.complete_generation(g, wall_s if g == first else 0.0, diversity if g == last else None):
+            observer.generation_done(g, store.evaluations(g))
+    store.prune_async()
+    observer.generation_started(last + 1, [])
+
+
+class _Writer:
+    """Writes an async run's rounds to its run store in a thread of their own, in order, so the
+    driver hands out the next round without waiting on checkpoint files and fsyncs. The thread has
+    its own connection (SQLite's are per thread); an error there stops the run at the next check."""
+
+    def __init__(self, path, observer: RunObserver) -> None:
+        import queue
+        import threading
+
+        self.path, self.error = path, None
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="evo-async-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        store = RunStore(self.path)
+        try:
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                if self.error is None:
+                    try:
+                        job(store)
+                    except BaseException as exc:  # reported to the driver by check()
+                        self.error = exc
+                self.jobs.task_done()
+        finally:
+            store.close()
+
+    def put(self, job) -> None:
+        self.check()
+        self.jobs.put(job)
+
+    def drain(self) -> None:
+        self.jobs.join()
+        self.check()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Write everything queued, then stop; re-raise the thread's error."""
+        self.jobs.put(None)
+        self.thread.join()
+        self.check()
+
+
+def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
+           founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None,
+           observations: list, stopped_at: int | None = None):
+    """Score the round `s` just finished (`steps`: what its last part trained) and decide what the
+    slot trains next. A round stopped at rung `stopped_at` is judged without the member itself as
+    an entrant: its slot goes to a tournament winner among the others. Returns ((evaluation or
+    None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
+    rec, round_ = s.record, s.round
+    failures = [*result.retries, *([result.failure] if result.failure else [])]
+    rng = decision_rng(exp.seed, rec.index, round_)
+    if result.failed:
+        cost = Compute(0.0, 0.0, result.wall_s)
+        ev = None
+        s.ok = False
+        s.failures += 1
+    else:
+        s.agent = result.agent
+        rec.history.append(float(result.evaluation.fitness))
+        rec.arch, rec.hparams = dict(result.agent.arch), dict(result.agent.hparams)
+        score = fitness_score(rec.history, exp.selection.fitness_window)
+        after = round_compute(s.start, steps, result.train_metrics, result.wall_s)
+        cost = after - s.start
+        sec = secondary_value(secondary, result.evaluation.metrics, result.train_metrics)
+        line = lines.setdefault(rec.index, [])
+        if line:  # what this round of these hyperparameters gained: the model-guided mutation learns from it
+            observations.append((dict(rec.hparams), round_, score - line[-1].score))
+        line.append(LinePoint(after, score, sec))
+        metrics = dict(result.evaluation.metrics)
+        if stopped_at is not None:  # the leaderboard and dashboard show the round was cut short
+            metrics["stopped_at_rung"] = float(stopped_at)
+        ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, metrics,
+                             result.train_metrics, clone_tree(s.agent.get_state()), result.wall_s, compute=after)
+        s.start, s.ok, s.failures = after, True, 0
+    rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
+    k = exp.selection.tournament_size
+    winner, why = None, "no rival yet"
+    if rivals:
+        enters = s.ok and stopped_at is None
+        drawn = [rivals[int(i)] for i in rng.choice(len(rivals), size=min(len(rivals), k - 1 if enters else k),
+                                                    replace=False)] if (k > 1 or not enters) else []
+        entrants = ([s] if enters else []) + drawn
+        if entrants:
+            points, _ = scores_at_equal_compute([lines[e.record.index] for e in entrants], unit)
+            best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
+                                  exp.selection.tie_tolerance, secondary or "secondary")
+            winner = entrants[best]
+    if (winner is not None and winner is not s and s.ok and stopped_at is None and not exp.selection.clone_behind
+            and winner.round < round_ + 1):  # the winner has trained fewer rounds: no going back (clone_behind)
+        winner, why = s, "winner behind"
+    lines_alive = {founders.get(o.record.index, o.record.index) for o in slots}
+    mine = founders.get(rec.index, rec.index)
+    if (winner is not None and winner is not s and s.ok and exp.selection.founder_lines > 0
+            and sum(1 for o in slots if founders.get(o.record.index, o.record.index) == mine) == 1
+            and len(lines_alive) <= exp.selection.founder_lines):
+        winner, why = s, "founder line kept"
+    if winner is None or winner is s:
+        if s.ok:  # it continues into its next round
+            s.round += 1
+            state = ev.state if ev is not None else clone_tree(s.agent.get_state())
+            return (ev, (_frozen(rec), s.round, state), round_, failures), cost
+        if s.failures > exp.resources.max_failures + 1:  # failed, and nobody to take over from
+            raise GenerationFailed(round_, [result.failure] if result.failure else [])
+        return (ev, (_frozen(rec), s.round, clone_tree(s.agent.get_state())), round_, failures), cost  # tried again
+    parent = winner
+    start_round = parent.round  # the rounds its trained state holds
+    child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
+    mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, start_round)
+    mutation = replace(mutation, details={**mutation.details, "selected_by": why, "slot": s.slot,
+                                          "replaced": rec.index,
+                                          **({"replaced_at_rung": stopped_at} if stopped_at is not None else {})})
+    new = MemberRecord(next_index, parent.record.index, start_round, mutation.to_json(), dict(child.arch),
+                       dict(child.hparams), [])
+    lines[next_index] = list(lines[parent.record.index])
+    founders[next_index] = founders.get(parent.record.index, parent.record.index)
+    s.record, s.agent, s.round, s.ok, s.failures = new, child, start_round, False, 0
+    s.start = lines[next_index][-1].compute if lines[next_index] else Compute()
+    return (ev, (_frozen(new), start_round, clone_tree(child.get_state())), round_, failures), cost
+
+
+def _frozen(rec: MemberRecord) -> MemberRecord:
+    """A copy of `rec` as it is now, for the writer thread (the slot's record keeps changing; states
+    handed to the writer are copied likewise: inline, a member trains in place)."""
+    import copy
+
+    return copy.deepcopy(rec)

@@ -1,0 +1,114 @@
+"""Selection that is not blind (evo/selection.py, evo/compute.py): equal-compute judging, ties
+broken by a secondary signal that is recorded, founders' lines kept alive."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
+from evo.population import evolve, start_backend
+from evo.runstore import RunStore
+from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
+from evo.spec import SpecError, load_experiment
+from tests.conftest import TOY_EXPERIMENT
+
+
+def _line(*points: tuple[float, float]) -> list[LinePoint]:
+    return [LinePoint(Compute(0, u, 0), s) for u, s in points]
+
+
+def test_a_member_that_doubles_its_updates_is_judged_at_the_others_updates() -> None:
+    slow = _line((100, 1.0), (200, 2.0), (300, 3.0))            # 100 updates a round
+    fast = _line((200, 1.5), (400, 2.5), (600, 3.5))            # 200 a round: its latest score looks best
+    points, level = scores_at_equal_compute([slow, fast], "updates")
+    assert level == 300 and [p.score for p in points] == [3.0, 1.5]  # at 300 updates the slow line is ahead
+    # early on no line has a point at the other's level: the level rises to the largest first point
+    points, level = scores_at_equal_compute([slow[:1], fast[:1]], "updates")
+    assert level == 200 and [p.score for p in points] == [1.0, 1.5]
+
+
+def test_round_compute_prefers_the_agents_counters_and_falls_back_to_steps() -> None:
+    before = Compute(100, 50, 2.0)
+    assert round_compute(before, 30, {"env_steps": 160.0, "updates": 90.0}, 1.5) == Compute(160, 90, 3.5)
+    assert round_compute(before, 30, {"loss": 1.0}, 0.5) == Compute(130, 80, 2.5)
+
+
+def test_ties_go_to_the_secondary_signal_and_say_so() -> None:
+    rng = np.random.default_rng(0)
+    assert pick_best([9.0, 9.0, 9.0], rng, [1.0, 5.0, math.nan], secondary_name="ret") == (1, "secondary:ret")
+    assert pick_best([9.0, 9.5, 9.0], rng, [1.0, 0.0, 7.0]) == (1, "score")
+    assert pick_best([9.0, 9.05], rng, [3.0, 1.0], tolerance=0.1, secondary_name="ret") == (0, "secondary:ret")
+    pos, why = pick_best([9.0, 9.0], rng, [math.nan, math.nan])
+    assert why == "random tie" and pos in (0, 1)
+
+
+def test_judged_tournaments_use_the_judge_and_skip_failed_members() -> None:
+    rng = np.random.default_rng(1)
+    scores = [1.0, 1.0, 1.0, 1.0]
+    secondary = [0.0, 0.0, 9.0, 0.0]
+
+    def judge(pos):
+        return [scores[p] for p in pos], [secondary[p] for p in pos]
+
+    elite, parents, decided = judged_tournament_select(4, 4, 4, True, rng, judge)
+    assert elite == 2 and parents == [2, 2, 2] and decided == ["secondary:secondary"] * 3
+    elite, parents, _ = judged_tournament_select(4, 4, 2, True, rng, judge, eligible=[True, True, False, True])
+    assert elite != 2 and 2 not in parents
+
+
+def test_founder_lines_survive_a_takeover() -> None:
+    founders = [0, 0, 1, 2]            # positions 0 and 1 descend from founder 0, 2 from 1, 3 from 2
+    values = [5.0, 4.0, 3.0, 1.0]
+    takeover = [0, 0, 1]               # the elite (position 0) and every parent of line 0
+    parents, changed = keep_founder_lines(takeover, founders, values, lines=2, elite=0)
+    assert parents == [0, 0, 2] and changed == [2]  # the best missing line takes the last crowded slot
+    parents, changed = keep_founder_lines(takeover, founders, values, lines=3, elite=0)
+    assert parents == [0, 3, 2] and changed == [2, 1]
+    assert keep_founder_lines(takeover, founders, values, lines=1, elite=0) == (takeover, [])
+    # a failed member's line is not brought back
+    assert keep_founder_lines(takeover, founders, values, lines=3, eligible=[True, True, True, False], elite=0)[0] == [0, 0, 2]
+
+
+def test_informed_selection_in_a_sync_run_records_what_decided(tmp_path) -> None:
+    exp, text = load_experiment(TOY_EXPERIMENT, {"selection.equal_compute": "updates", "selection.secondary": "val_mse",
+                                                 "selection.founder_lines": 2, "population.initial": "sample"})
+    store = RunStore.create(tmp_path, "r", text, exp.to_json())
+    scheduler, context = start_backend(exp, "inline")
+    evolve(exp, store, scheduler, context)
+    children = [m for m in store.all_members() if m["parent"] is not None]
+    assert children and all(m["mutation"]["details"]["selected_by"] in
+                            ("score", "secondary:val_mse", "random tie", "founder line kept") for m in children)
+    founders = {}
+    for m in store.all_members():
+        founders[m["index"]] = m["index"] if m["parent"] is None else founders[m["parent"]]
+    for g in range(store.last_completed_generation() + 1):
+        alive = {founders[e["index"]] for e in store.evaluations(g)}
+        assert len(alive) >= 2, f"generation {g}: one founder took all"
+
+
+def test_the_new_fields_are_checked() -> None:
+    with pytest.raises(SpecError, match="population.budget"):
+        load_experiment(TOY_EXPERIMENT, {"population.budget": {}})
+    with pytest.raises(SpecError, match="population.mode"):
+        load_experiment(TOY_EXPERIMENT, {"population.mode": "steady"})
+    with pytest.raises(SpecError, match="selection.equal_compute"):
+        load_experiment(TOY_EXPERIMENT, {"selection.equal_compute": "flops"})
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_model_guided_children_learn_from_the_runs_rounds(tmp_path, mode: str) -> None:
+    pytest.importorskip("sklearn")
+    exp, text = load_experiment(TOY_EXPERIMENT, {
+        "population.mode": mode, "population.generations": 4, "mutation.no_mutation": 0.0, "mutation.architecture": 0.0,
+        "mutation.parameters": 0.0, "mutation.activation": 0.0, "mutation.rl_hp": 0.0, "mutation.model_guided": 1.0})
+    store = RunStore.create(tmp_path, "r", text, exp.to_json())
+    scheduler, context = start_backend(exp, "inline")
+    evolve(exp, store, scheduler, context)
+    records = [m["mutation"] for m in store.all_members() if m["parent"] is not None]
+    assert records and all(r["kind"] == "model_guided" for r in records)
+    guided = [r for r in records if "observations" in r.get("details", {})]
+    assert guided, "no child was placed by the model (always too few observations?)"
+    assert all(r["details"]["observations"] >= 4 for r in guided)
