@@ -18,6 +18,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from agents.efficientzero.agent import EfficientZeroAgent
@@ -48,15 +49,62 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", type=int, default=8000)
     parser.add_argument("--eval-every", type=int, default=1000)
+    parser.add_argument("--kinds", nargs="+", default=["puct", "gumbel"], choices=["puct", "gumbel"])
+    parser.add_argument("--hp", default="{}", help="more hyperparameters for both, as JSON (e.g. collect_temperature)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = []
     for seed in args.seeds:
-        for search in ("puct", "gumbel"):
-            runs.append(train_curve(args.env, search, args.simulations, seed, args.budget, args.eval_every))
+        for search in args.kinds:
+            runs.append(train_curve(args.env, search, args.simulations, seed, args.budget, args.eval_every,
+                                    json.loads(args.hp)))
             Path(args.json).write_text(json.dumps({"env": args.env, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":
     main()
+
+
+def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
+    """Greedy evaluation's visit ties (issue 23's suspect: argmax breaks them toward action 0): the
+    share of evaluation steps whose top visit count is shared, and the evaluation return on the
+    same starts with ties broken by lowest index (as shipped) and uniformly at random."""
+    from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult
+    from agents.efficientzero.selfplay import drive
+
+    mcts = BatchedMCTS(MCTSConfig.from_hparams(agent.hparams))
+    out = {}
+    for rule in ("lowest_index", "random"):
+        rng = np.random.default_rng(seed)
+        steps = ties = 0
+
+        def search(obs, rule=rule, rng=rng):
+            nonlocal steps, ties
+            res = mcts.run(agent.model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False)
+            top = res.visit_counts.max(1, keepdims=True)
+            steps += len(top)
+            ties += int(((res.visit_counts == top).sum(1) > 1).sum())
+            counts = res.visit_counts + (rng.random(res.visit_counts.shape) * 0.5 if rule == "random" else 0)
+            return SearchResult(counts, res.root_values, res.policy, res.root_prior, res.action)
+
+        metrics = drive(agent.selfplay.evaluation(agent.context.seed), search)
+        out[rule] = {"eval_return": metrics["eval_return"], "tied_share": round(ties / max(steps, 1), 3)}
+    return out
+
+
+def ties_main() -> None:
+    """python -c 'from benchmarks.search_ab import ties_main; ties_main()' SEED BUDGET OUT"""
+    import sys
+
+    seed, budget, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    task = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
+    replay = build_replay(EfficientZeroAgent.replay_spec(task), seed, distributed=False)
+    agent = EfficientZeroAgent.create({}, {"discount": 0.99}, seed, 0, AgentContext(task=task, replay=replay, seed=seed))
+    points = []
+    while agent.env_steps < budget:
+        agent.train(2000)
+        points.append({"env_steps": agent.env_steps, "loadavg": round(os.getloadavg()[0], 2), **tie_stats(agent)})
+        print(json.dumps(points[-1]), flush=True)
+        Path(path).write_text(json.dumps(points, indent=1))

@@ -253,6 +253,30 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def table(results: dict[str, Any]) -> str:
+    """The results as a markdown table (docs/benchmarks.md): one row per task and seed."""
+    rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
+            "| anchor | target | met | load at start/end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, entry in results["tasks"].items():
+        v, peer = entry.get("verdict", {}), entry.get("peer", {})
+        peer_text = f"{peer['final_best']:.1f}" if peer.get("final_best") is not None else \
+            f"skipped ({peer.get('skipped', 'not run')[:40]})"
+        for run in entry.get("runs", []):
+            if not run.get("curve"):
+                continue
+            steps, wall, best = run["curve"][-1]
+            peak = max(p[2] for p in run["curve"])
+            met = "partial" if run.get("partial") else ("yes" if v.get("target") is not None and best >= v["target"]
+                                                        else "no")
+            target = f"{v['target']:.1f}" if v.get("target") is not None else "?"
+            rows.append(f"| {name} | {run['seed']} | {steps:,} of {run.get('budget', 0):,} | {wall:.0f} "
+                        f"| {best:.1f} ({peak:.1f}) "
+                        f"| {entry.get('random', {}).get('mean', float('nan')):.1f} | {peer_text} "
+                        f"| {entry['anchor']['text']} | {target} | {met} "
+                        f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} |")
+    return "\n".join(rows)
+
+
 def _commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
@@ -270,7 +294,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-peer", action="store_true", help="skip AgileRL (recorded as skipped)")
     parser.add_argument("--json", required=True)
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--table", action="store_true", help="print --json's results as a markdown table and stop")
     args = parser.parse_args(argv)
+    if args.table:
+        results = json.loads(Path(args.json).read_text())
+        print(table(results))
+        if args.plot:
+            plot(results, args.plot)
+        return results
     import torch
 
     torch.set_num_threads(1)

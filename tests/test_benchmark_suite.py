@@ -36,6 +36,8 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
     out.write_text(json.dumps(stamped))
     again = suite.main(["--quick", "--reuse", "--tasks", "cartpole", "--json", str(out)])
     assert again["tasks"]["cartpole"]["runs"][0]["curve"][-1][1] == 1234.5
+    rows = suite.table(again).splitlines()
+    assert len(rows) == 2 + len(suite.TASKS) and "| cartpole | 0 | 128 of 128 | 1234 |" in rows[2]
 
 
 def test_random_policy_faces_the_evaluation_starts():
