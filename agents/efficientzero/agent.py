@@ -91,6 +91,9 @@ class EfficientZeroAgent(TorchAgent):
             # search = { value = "gumbel", choices = ["puct", "gumbel"] } (agents.efficientzero.mcts)
             "search": HParam("puct", kind="choice", choices=("puct",)),
             "max_considered_actions": HParam(16, kind="int"),  # Gumbel: root actions considered (top-k)
+            # train positions past a terminal as an absorbing state (value 0, no reward; LightZero) instead
+            # of masking them out of the value and value-prefix losses (opt-in until measured)
+            "absorbing_terminal": HParam(False),
         }
 
     @classmethod
