@@ -123,7 +123,8 @@ class SelfPlay:
     def collect(self, model: torch.nn.Module, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay,
                 member_index: int, steps: int, after_step: Callable[[int], None]) -> list[float]:
         """Collect at least `steps` env steps (a multiple of `num_envs`) searching with `model`
-        (Dirichlet noise at the root, actions sampled at `collect_temperature`); `after_step(num_envs)`
+        (PUCT: Dirichlet noise at the root, actions sampled at `collect_temperature`; Gumbel: Gumbel
+        noise at the root, the search's own action); `after_step(num_envs)`
         runs after every vector step. Returns the returns of the episodes that finished."""
         mcts = BatchedMCTS(MCTSConfig.from_hparams(hp))
         model.eval()
