@@ -75,7 +75,7 @@ class HParam:
 
     @property
     def mutable(self) -> bool:
-        return self.choices is not None if self.kind == "choice" else self.min is not None and self.min < self.max
+        return len(self.choices or ()) > 1 if self.kind == "choice" else self.min is not None and self.min < self.max
 
     def with_value(self, value: Any) -> HParam:
         data = asdict(self)

@@ -30,6 +30,7 @@ import torch
 from agents.efficientzero import learner
 from agents.efficientzero.atari import check_atari_settings, is_atari
 from agents.efficientzero.envs import observation_spec
+from agents.efficientzero.mcts import SEARCH_KINDS
 from agents.efficientzero.model import build_model
 from agents.efficientzero.selfplay import SelfPlay, replay_schema
 from evo.agent import AgentContext, Evaluation, TorchAgent
@@ -86,6 +87,13 @@ class EfficientZeroAgent(TorchAgent):
             "dirichlet_alpha": HParam(0.3),
             "exploration_fraction": HParam(0.25),
             "eval_simulations": HParam(0, kind="int"),  # 0: use num_simulations
+            # the search kind: "puct" (MuZero's) or "gumbel" (Gumbel MuZero); evolvable as
+            # search = { value = "gumbel", choices = ["puct", "gumbel"] } (agents.efficientzero.mcts)
+            "search": HParam("puct", kind="choice", choices=("puct",)),
+            "max_considered_actions": HParam(16, kind="int"),  # Gumbel: root actions considered (top-k)
+            # train positions past a terminal as an absorbing state (value 0, no reward; LightZero) instead
+            # of masking them out of the value and value-prefix losses (opt-in until measured)
+            "absorbing_terminal": HParam(False),
         }
 
     @classmethod
@@ -190,6 +198,8 @@ class EfficientZeroAgent(TorchAgent):
         if unknown:
             raise ValueError(f"hparams.{unknown[0]}: unknown hyperparameter; expected some of {sorted(defaults)}")
         self.hparams = {**defaults, **hparams}
+        if self.hparams["search"] not in SEARCH_KINDS:
+            raise ValueError(f"hparams.search: expected one of {list(SEARCH_KINDS)}, found {self.hparams['search']!r}")
         obs_spec = observation_spec(self.task)
         self.obs_shape, self.num_actions = obs_spec.shape, obs_spec.num_actions
         self.init_rng(seed)

@@ -90,7 +90,9 @@ class Batch:
 
     tensors (B windows, K unroll steps): `obs` [B, K+1, ...], `actions` [B, K], `value_target`
     [B, K+1, 2Sv+1] and `value_prefix_target` [B, K, 2Sr+1] (two-hot), `policy_target` [B, K+1, A],
-    `valid` [B, K+1] (position inside the trajectory), `mask` [B, K] (action inside it), `weights` [B].
+    `valid` [B, K+1] (position inside the trajectory), `mask` [B, K] (action inside it), `weights` [B],
+    `value_valid` [B, K+1] (`valid`, and with `absorbing_terminal` the positions past a terminal too;
+    `mask` then covers them as well: their value target is 0 and their value prefix stays put).
     """
 
     tensors: dict[str, torch.Tensor]
@@ -155,6 +157,12 @@ def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module
     terminals = np.asarray(data["terminal"], dtype=bool)
     z, valid = nstep_value_targets(rewards, terminals, mask, boot, float(hp["discount"]), n_td, K + 1)
     vp = value_prefix_targets(rewards, mask, H, K)
+    value_valid, prefix_mask = valid, mask[:, :K]
+    if hp.get("absorbing_terminal", False):
+        # positions past a terminal are an absorbing state: value target 0 (z is 0 there) and no further
+        # reward (the prefix stays put), both learned (LightZero); policy and consistency stay masked
+        after = (np.cumsum(terminals & mask, axis=1) > 0) & ~mask
+        value_valid, prefix_mask = valid | after[:, : K + 1], prefix_mask | after[:, :K]
     policy = np.asarray(data["policy"], dtype=np.float32)[:, : K + 1].copy()
     if float(hp["reanalyse_ratio"]) > 0:
         policy = reanalyse_policy(target_model, obs[:, : K + 1], policy, valid, hp, rng)
@@ -170,7 +178,8 @@ def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module
         "value_prefix_target": scalar_to_support(torch.as_tensor(vp, dtype=torch.float32), target_model.reward_support),
         "policy_target": torch.as_tensor(policy),
         "valid": torch.as_tensor(valid, dtype=torch.float32),
-        "mask": torch.as_tensor(mask[:, :K], dtype=torch.float32),
+        "mask": torch.as_tensor(prefix_mask, dtype=torch.float32),
+        "value_valid": torch.as_tensor(value_valid, dtype=torch.float32),
         "weights": weights,
     }
     device = model_device(target_model)
@@ -218,13 +227,14 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     B, K = batch["actions"].shape
 
     root_value = support_to_scalar(out.value_logits[0].detach(), model.value_support)
-    loss_value = -_cross_entropy(value_target[:, 0], out.value_logits[0]) * valid[:, 0]
+    value_valid = batch.get("value_valid", valid)  # = valid unless hp absorbing_terminal
+    loss_value = -_cross_entropy(value_target[:, 0], out.value_logits[0]) * value_valid[:, 0]
     loss_policy = -_cross_entropy(policy_target[:, 0], out.policy_logits[0]) * valid[:, 0]
     loss_prefix = valid.new_zeros(B)
     loss_consistency = valid.new_zeros(B)
     for k in range(1, K + 1):  # accumulated step by step, in this order: the sums are bit-for-bit stable
         loss_prefix = loss_prefix - _cross_entropy(prefix_target[:, k - 1], out.value_prefix_logits[k - 1]) * mask[:, k - 1]
-        loss_value = loss_value - _cross_entropy(value_target[:, k], out.value_logits[k]) * valid[:, k]
+        loss_value = loss_value - _cross_entropy(value_target[:, k], out.value_logits[k]) * value_valid[:, k]
         loss_policy = loss_policy - _cross_entropy(policy_target[:, k], out.policy_logits[k]) * valid[:, k]
         cos = F.cosine_similarity(out.predicted_projections[k - 1], out.target_projections[:, k - 1], dim=-1)
         loss_consistency = loss_consistency - cos * valid[:, k]
@@ -258,7 +268,8 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
         return (target.transpose(0, 1) * F.log_softmax(logits, -1)).sum(-1)
 
     root_value = support_to_scalar(out.value_logits[0].detach(), model.value_support)
-    loss_value = -(ce(batch["value_target"], out.value_logits) * valid).sum(0)
+    value_valid = batch["value_valid"].transpose(0, 1) if "value_valid" in batch else valid  # hp absorbing_terminal
+    loss_value = -(ce(batch["value_target"], out.value_logits) * value_valid).sum(0)
     loss_policy = -(ce(batch["policy_target"], out.policy_logits) * valid).sum(0)
     loss_prefix = -(ce(batch["value_prefix_target"], out.value_prefix_logits) * mask).sum(0)
     cos = F.cosine_similarity(out.predicted_projections, out.target_projections.transpose(0, 1), dim=-1)

@@ -21,6 +21,7 @@ Rules (MuZero / EfficientZero):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,8 +38,10 @@ except ImportError:  # pragma: no cover
             return args[0]
         return lambda f: f
 
-__all__ = ["MCTSConfig", "SearchResult", "BatchedMCTS", "search", "select_actions", "SearchModel"]
+__all__ = ["MCTSConfig", "SearchResult", "BatchedMCTS", "search", "select_actions", "SearchModel", "SEARCH_KINDS",
+           "considered_visits"]
 
+SEARCH_KINDS = ("puct", "gumbel")
 PB_C_BASE = 19652.0
 PB_C_INIT = 1.25
 
@@ -62,22 +65,34 @@ class MCTSConfig:
     dirichlet_alpha: float = 0.3
     exploration_fraction: float = 0.25
     value_min_max_delta: float = 0.01
+    search: str = "puct"             # "puct" (MuZero) or "gumbel" (Gumbel MuZero, Danihelka et al. 2022)
+    max_considered_actions: int = 16  # Gumbel: root actions sampled without replacement (Gumbel-top-k)
+    gumbel_scale: float = 1.0         # Gumbel: scale of the root noise when collecting (0 at evaluation)
 
     @classmethod
     def from_hparams(cls, hp: Mapping[str, Any], num_simulations: int | None = None) -> MCTSConfig:
         """The search an EfficientZero member runs with its hyperparameters (`num_simulations`, `discount`,
-        `lstm_horizon_len`, `dirichlet_alpha`, `exploration_fraction`); `num_simulations` overrides."""
+        `lstm_horizon_len`, `dirichlet_alpha`, `exploration_fraction`, `search`, `max_considered_actions`);
+        `num_simulations` overrides."""
         return cls(num_simulations=int(num_simulations or hp["num_simulations"]), discount=float(hp["discount"]),
                    lstm_horizon_len=int(hp["lstm_horizon_len"]), dirichlet_alpha=float(hp["dirichlet_alpha"]),
-                   exploration_fraction=float(hp["exploration_fraction"]))
+                   exploration_fraction=float(hp["exploration_fraction"]), search=str(hp.get("search", "puct")),
+                   max_considered_actions=int(hp.get("max_considered_actions", 16)))
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCH_KINDS:
+            raise ValueError(f"search: expected one of {list(SEARCH_KINDS)}, found {self.search!r}")
 
 
 @dataclass
 class SearchResult:
     visit_counts: np.ndarray   # [B, A] visits of the root's children (sum = num_simulations)
     root_values: np.ndarray    # [B] mean backed-up value at the root
-    policy: np.ndarray         # [B, A] visit distribution (the policy target)
+    policy: np.ndarray         # [B, A] the policy target: visit distribution (PUCT), improved policy (Gumbel)
     root_prior: np.ndarray     # [B, A] root priors after noise
+    # [B] the action a Gumbel root chose (sequential halving's survivor); -1 for PUCT roots, whose action
+    # is drawn from the visits by the caller (`select_actions`). None: no root searched with Gumbel.
+    action: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,9 +141,101 @@ def _normalize(q: float, lo: float, hi: float, floor: float) -> float:
 
 
 @njit(cache=True)
+def _completed_q(b, node, children, prior, visits, value_sum, reward, raw_value, discount, floor, out):
+    """mctx's `qtransform_completed_by_mix_value` at `node` of tree b, into out[A]: the children's Q
+    (reward + discount * mean value) where visited, else the node's mixed value (its network value
+    averaged with the prior-weighted Q of the visited children), min-max rescaled over the children
+    (spread floored at `floor`) and scaled by 0.1 * (50 + the most visits of a child)."""
+    A = out.shape[0]
+    n_sum = 0
+    n_max = 0
+    p_sum = 0.0
+    pq_sum = 0.0
+    for a in range(A):
+        c = children[b, node, a]
+        if c >= 0:
+            q = reward[b, c] + discount * value_sum[b, c] / visits[b, c]
+            out[a] = q
+            n = visits[b, c]
+            n_sum += n
+            if n > n_max:
+                n_max = n
+            p = max(prior[b, node, a], 1e-30)
+            p_sum += p
+            pq_sum += p * q
+    mixed = raw_value[b, node]
+    if n_sum > 0:
+        mixed = (raw_value[b, node] + n_sum * (pq_sum / p_sum)) / (n_sum + 1.0)
+    lo = 1e300
+    hi = -1e300
+    for a in range(A):
+        if children[b, node, a] < 0:
+            out[a] = mixed
+        if out[a] < lo:
+            lo = out[a]
+        if out[a] > hi:
+            hi = out[a]
+    spread = max(hi - lo, floor)
+    scale = 0.1 * (50.0 + n_max)
+    for a in range(A):
+        out[a] = scale * (out[a] - lo) / spread
+
+
+@njit(cache=True)
+def _gumbel_root_action(b, considered, gumbel, root_logits, children, visits, cq):
+    """Sequential halving at the root: among the children with exactly `considered` visits, the one
+    with the largest gumbel + logit + completed Q (mctx's `score_considered`)."""
+    A = cq.shape[0]
+    best = -1e300
+    best_a = 0
+    for a in range(A):
+        c = children[b, 0, a]
+        n = visits[b, c] if c >= 0 else 0
+        if n != considered:
+            continue
+        score = gumbel[b, a] + root_logits[b, a] + cq[a]
+        if score > best:
+            best = score
+            best_a = a
+    return best_a
+
+
+@njit(cache=True)
+def _gumbel_interior_action(b, node, children, prior, visits, cq, probs):
+    """Deterministic non-root selection: the child whose share of visits lags most behind the improved
+    policy softmax(log prior + completed Q) (mctx's `gumbel_muzero_interior_action_selection`)."""
+    A = cq.shape[0]
+    m = -1e300
+    for a in range(A):
+        probs[a] = math.log(max(prior[b, node, a], 1e-30)) + cq[a]
+        if probs[a] > m:
+            m = probs[a]
+    s = 0.0
+    n_sum = 0
+    for a in range(A):
+        probs[a] = math.exp(probs[a] - m)
+        s += probs[a]
+        c = children[b, node, a]
+        if c >= 0:
+            n_sum += visits[b, c]
+    best = -1e300
+    best_a = 0
+    for a in range(A):
+        c = children[b, node, a]
+        n = visits[b, c] if c >= 0 else 0
+        score = probs[a] / s - n / (1.0 + n_sum)
+        if score > best:
+            best = score
+            best_a = a
+    return best_a
+
+
+@njit(cache=True)
 def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor, path, path_len,
-            out_parent, out_action, live):
+            out_parent, out_action, live, gumbel_tree, gumbel, root_logits, raw_value, considered, sim):
     B, _, A = children.shape
+    cq = np.empty(A)
+    probs = np.empty(A)
     for b in range(B):
         if not live[b]:  # this tree's simulations are spent: its (ignored) network input is its root
             out_parent[b] = 0
@@ -140,6 +247,22 @@ def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor
         path[b, 0] = 0
         lo, hi = minmax[b, 0], minmax[b, 1]
         while True:
+            if gumbel_tree[b]:
+                _completed_q(b, node, children, prior, visits, value_sum, reward, raw_value, discount, floor, cq)
+                if node == 0:
+                    best_a = _gumbel_root_action(b, considered[b, sim], gumbel, root_logits, children, visits, cq)
+                else:
+                    best_a = _gumbel_interior_action(b, node, children, prior, visits, cq, probs)
+                c = children[b, node, best_a]
+                if c < 0:
+                    out_parent[b] = node
+                    out_action[b] = best_a
+                    path_len[b] = depth + 1
+                    break
+                node = c
+                depth += 1
+                path[b, depth] = node
+                continue
             n_parent = visits[b, node]
             # mean normalised Q over this node's visited children: the value for unvisited ones
             q_sum = 0.0
@@ -180,7 +303,7 @@ def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor
 @njit(cache=True)
 def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_support, reward_support,
                    children, prior, visits, value_sum, reward, vprefix, depth, minmax, discounts,
-                   horizon, path, path_len, live):
+                   horizon, path, path_len, live, raw_value):
     B = children.shape[0]
     A = num_actions
     nv = 2 * value_support + 1
@@ -194,6 +317,7 @@ def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_sup
         depth[b, leaf] = d
         _softmax_into(outputs[b, :A], prior[b, leaf])
         value = _support_scalar(outputs[b, A:A + nv], value_support)
+        raw_value[b, leaf] = value
         vp = _support_scalar(outputs[b, A + nv:], reward_support)
         parent_vp = 0.0 if depth[b, parent] % horizon == 0 else vprefix[b, parent]
         reward[b, leaf] = vp - parent_vp
@@ -211,6 +335,29 @@ def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_sup
             if q > minmax[b, 1]:
                 minmax[b, 1] = q
             bootstrap = reward[b, node] + discount * bootstrap
+
+
+@njit(cache=True)
+def _gumbel_outputs(gumbel_tree, children, prior, visits, value_sum, reward, raw_value, discounts, floor, gumbel,
+                    root_logits, policy, action):
+    """For every Gumbel tree: the policy target softmax(root logits + completed Q) into policy[b] and
+    the action into action[b]: among the most-visited root children, the largest gumbel + logit +
+    completed Q (with the noise at 0, the greedy action)."""
+    B, _, A = children.shape
+    cq = np.empty(A)
+    for b in range(B):
+        if not gumbel_tree[b]:
+            continue
+        _completed_q(b, 0, children, prior, visits, value_sum, reward, raw_value, discounts[b], floor, cq)
+        most = 0
+        for a in range(A):
+            c = children[b, 0, a]
+            if c >= 0 and visits[b, c] > most:
+                most = visits[b, c]
+        action[b] = _gumbel_root_action(b, most, gumbel, root_logits, children, visits, cq)
+        for a in range(A):
+            cq[a] += root_logits[b, a]
+        _softmax_into(cq, policy[b])
 
 
 def model_device(model: Any) -> torch.device:
@@ -236,25 +383,42 @@ class BatchedMCTS:
         cfg = self.config
         sims = int(num_simulations or cfg.num_simulations)
         B = int(torch.as_tensor(obs).shape[0])
-        noise = None
+        noise = gumbel_noise = None
+        gumbel = cfg.search == "gumbel"
         if add_noise:
             if rng is None:
-                raise ValueError("add_noise=True needs a numpy Generator (rng) for the Dirichlet noise")
-            noise = lambda A: rng.dirichlet([cfg.dirichlet_alpha] * A, size=B)
+                raise ValueError("add_noise=True needs a numpy Generator (rng) for the root noise")
+            if gumbel:
+                gumbel_noise = lambda A: cfg.gumbel_scale * rng.gumbel(size=(B, A))
+            else:
+                noise = lambda A: rng.dirichlet([cfg.dirichlet_alpha] * A, size=B)
         return search(model, obs, np.full(B, cfg.discount), np.full(B, sims, dtype=np.int64), int(cfg.lstm_horizon_len),
-                      noise, np.full(B, cfg.exploration_fraction), cfg.value_min_max_delta)
+                      noise, np.full(B, cfg.exploration_fraction), cfg.value_min_max_delta,
+                      gumbel=np.full(B, gumbel), gumbel_noise=gumbel_noise,
+                      max_considered_actions=np.full(B, cfg.max_considered_actions))
 
 
 @torch.no_grad()
 def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.ndarray, simulations: np.ndarray,
            lstm_horizon_len: int, noise: Callable[[int], np.ndarray] | None = None,
-           exploration_fractions: np.ndarray | None = None, value_min_max_delta: float = 0.01) -> SearchResult:
+           exploration_fractions: np.ndarray | None = None, value_min_max_delta: float = 0.01,
+           gumbel: np.ndarray | None = None, gumbel_noise: Callable[[int], np.ndarray] | None = None,
+           max_considered_actions: np.ndarray | None = None) -> SearchResult:
     """B trees searched in lock-step, each with its own discount and simulation budget.
 
     `noise(A)`, when given, returns the [B, A] Dirichlet noise mixed into the root priors at each
-    root's `exploration_fractions`. `BatchedMCTS.run` is this with one config for every root; a
-    population's searches run as one call here with each member's settings on its own roots (a
-    tree whose budget is spent stops; the network still sees a row for it, which is ignored).
+    root's `exploration_fractions` (PUCT roots only).
+
+    `gumbel` [B] (bool) marks the roots searched the Gumbel MuZero way (Danihelka et al. 2022, as in
+    mctx's `gumbel_muzero_policy`): `gumbel_noise(A)`, when given, returns [B, A] Gumbel noise added to
+    the root logits (none: greedy); the root's simulations go to the top `max_considered_actions` [B]
+    of noise + logits and are halved among them by noise + logit + completed Q (sequential halving);
+    below the root, the child whose visit share lags the improved policy most is descended into; the
+    policy target is softmax(logits + completed Q) and `SearchResult.action` the surviving action.
+
+    `BatchedMCTS.run` is this with one config for every root; a population's searches run as one call
+    here with each member's settings on its own roots (a tree whose budget is spent stops; the network
+    still sees a row for it, which is ignored).
     """
     device = model_device(model)
     obs_t = torch.as_tensor(obs).to(device)  # the tree lives in numpy; only the network calls run on `device`
@@ -290,14 +454,24 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     root_logits = policy_logits.double().cpu().numpy()
     root_prior = np.exp(root_logits - root_logits.max(1, keepdims=True))
     root_prior /= root_prior.sum(1, keepdims=True)
+    gumbel_tree = np.zeros(B, dtype=np.bool_) if gumbel is None else np.asarray(gumbel, dtype=np.bool_)
     if noise is not None:
-        fraction = np.asarray(exploration_fractions, dtype=np.float64)[:, None]
+        fraction = np.where(gumbel_tree, 0.0, np.asarray(exploration_fractions, dtype=np.float64))[:, None]
         root_prior = (1 - fraction) * root_prior + fraction * noise(A)
     prior[:, 0] = root_prior
+    root_logits = np.ascontiguousarray(root_logits - root_logits.max(1, keepdims=True))
+    g = np.zeros((B, A)) if gumbel_noise is None or not gumbel_tree.any() else np.asarray(gumbel_noise(A), np.float64)
+    considered = np.zeros((B, max(sims, 1)), dtype=np.int64)
+    if gumbel_tree.any():
+        m = np.full(B, 16) if max_considered_actions is None else np.asarray(max_considered_actions)
+        for b in np.flatnonzero(gumbel_tree):
+            seq = considered_visits(min(int(m[b]), A), int(simulations[b]))
+            considered[b, :len(seq)] = seq
+    raw_value = np.zeros((B, N), dtype=np.float64)
     value_np = value_logits.double().cpu().numpy()
     visits[:, 0] = 1
     for b in range(B):
-        value_sum[b, 0] = _support_scalar(value_np[b], vs)
+        value_sum[b, 0] = raw_value[b, 0] = _support_scalar(value_np[b], vs)
 
     # node buffers, flat: entry n * B + b holds node n of tree b (index_select beats 2-D indexing)
     D = latent.shape[1:]
@@ -313,7 +487,7 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
         leaf = s + 1
         live = simulations > s
         _select(children, prior, visits, value_sum, reward, minmax, discounts, value_min_max_delta,
-                path, path_len, out_parent, out_action, live)
+                path, path_len, out_parent, out_action, live, gumbel_tree, g, root_logits, raw_value, considered, s)
         flat = torch.from_numpy(out_parent * B + col).to(device)
         args = (lat_buf.index_select(0, flat), torch.from_numpy(out_action).to(device),
                 (h_buf.index_select(0, flat), c_buf.index_select(0, flat)))
@@ -332,13 +506,39 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
         h_buf[rows], c_buf[rows] = h, c
         outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).cpu().numpy()
         _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
-                       reward, vprefix, depth, minmax, discounts, horizon, path, path_len, live)
+                       reward, vprefix, depth, minmax, discounts, horizon, path, path_len, live, raw_value)
 
     root_children = children[:, 0]
     counts = np.where(root_children >= 0, np.take_along_axis(visits, np.maximum(root_children, 0), 1), 0)
     root_values = value_sum[:, 0] / visits[:, 0]
     policy = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-    return SearchResult(counts, root_values, policy, root_prior)
+    action = None
+    if gumbel_tree.any():
+        action = np.full(B, -1, dtype=np.int64)
+        _gumbel_outputs(gumbel_tree, children, prior, visits, value_sum, reward, raw_value, discounts,
+                        value_min_max_delta, g, root_logits, policy, action)
+    return SearchResult(counts, root_values, policy, root_prior, action)
+
+
+@functools.lru_cache(maxsize=256)
+def considered_visits(max_considered: int, num_simulations: int) -> tuple[int, ...]:
+    """Sequential halving's schedule (mctx's `get_sequence_of_considered_visits`): entry s is the visit
+    count a root child must have to be picked by simulation s. `max_considered` actions get equal
+    visits per phase, then the better half goes on, for log2(max_considered) phases in all."""
+    if max_considered <= 1:
+        return tuple(range(num_simulations))
+    log2max = math.ceil(math.log2(max_considered))
+    sequence: list[int] = []
+    visits = [0] * max_considered
+    considered = max_considered
+    while len(sequence) < num_simulations:
+        extra = max(1, int(num_simulations / (log2max * considered)))
+        for _ in range(extra):
+            sequence.extend(visits[:considered])
+            for i in range(considered):
+                visits[i] += 1
+        considered = max(2, considered // 2)
+    return tuple(sequence[:num_simulations])
 
 
 def select_actions(visit_counts: np.ndarray, temperature: float, rng: np.random.Generator | None) -> np.ndarray:

@@ -30,7 +30,7 @@ from agents.efficientzero.envs import EnvPool
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult, select_actions
 from evo.replay import Field, Replay, Schema
 
-__all__ = ["SelfPlay", "replay_schema", "drive", "EPISODE_SHIFT"]
+__all__ = ["SelfPlay", "replay_schema", "drive", "chosen_actions", "EPISODE_SHIFT"]
 
 #: episode ids are (member index << EPISODE_SHIFT) | the member's episode counter: unique in a run
 EPISODE_SHIFT = 40
@@ -123,7 +123,8 @@ class SelfPlay:
     def collect(self, model: torch.nn.Module, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay,
                 member_index: int, steps: int, after_step: Callable[[int], None]) -> list[float]:
         """Collect at least `steps` env steps (a multiple of `num_envs`) searching with `model`
-        (Dirichlet noise at the root, actions sampled at `collect_temperature`); `after_step(num_envs)`
+        (PUCT: Dirichlet noise at the root, actions sampled at `collect_temperature`; Gumbel: Gumbel
+        noise at the root, the search's own action); `after_step(num_envs)`
         runs after every vector step. Returns the returns of the episodes that finished."""
         mcts = BatchedMCTS(MCTSConfig.from_hparams(hp))
         model.eval()
@@ -150,7 +151,7 @@ class SelfPlay:
         collected = 0
         while collected < steps:
             result = yield obs
-            actions = select_actions(result.visit_counts, temperature, rng)
+            actions = chosen_actions(result, temperature, rng)
             for i in range(n):
                 _, reward, term, trunc, life_lost = pool.step(i, int(actions[i]))
                 life_end = life_lost and self._life_terminal and not term
@@ -210,7 +211,7 @@ class SelfPlay:
         while not done.all():
             # every env's observation, finished ones too: fused evaluation searches equal batches per member
             result = yield pool.observations()
-            actions = select_actions(result.visit_counts, 0.0, None)
+            actions = chosen_actions(result, 0.0, None)
             for i in np.flatnonzero(~done):
                 _, reward, term, trunc, _ = pool.step(i, int(actions[i]))
                 returns[i] += reward
@@ -219,6 +220,15 @@ class SelfPlay:
                 done[i] = term or trunc or capped[i]
         return {"eval_return": float(returns.mean()), "eval_return_std": float(returns.std()),
                 "eval_length": float(lengths.mean()), "eval_truncated": float(capped.mean())}
+
+
+def chosen_actions(result: SearchResult, temperature: float, rng: np.random.Generator | None) -> np.ndarray:
+    """The actions to play: a Gumbel root's own choice (`SearchResult.action`), else drawn from the
+    root visits at `temperature` (`select_actions`; argmax at 0)."""
+    actions = select_actions(result.visit_counts, temperature, rng)
+    if result.action is not None:
+        actions = np.where(result.action >= 0, result.action, actions)
+    return actions
 
 
 def drive(steps: Generator[np.ndarray, SearchResult, Any], search: Callable[[np.ndarray], SearchResult]) -> Any:

@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--evo-steps", type=int, default=INIT_HP["EVO_STEPS"], help="env steps per member per evolution step")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--env-id", default=ENV_ID, help="the gymnasium id (benchmarks.suite: the classic-control tasks)")
     args = parser.parse_args()
+    globals()["ENV_ID"] = args.env_id  # greedy_return and the vector envs below read it
 
     import agilerl
     from agilerl.algorithms.core.registry import HyperparameterConfig, RLParameter

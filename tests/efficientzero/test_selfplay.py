@@ -2,6 +2,7 @@
 episode ids, hands control back after every vector step, and evaluates from fixed starts."""
 
 import numpy as np
+import pytest
 import torch
 
 from agents.efficientzero.agent import EfficientZeroAgent
@@ -58,3 +59,24 @@ def test_evaluation_is_repeatable_from_the_run_seed():
     assert set(first) == {"eval_return", "eval_return_std", "eval_length", "eval_truncated"}
     assert first == SelfPlay(TASK).evaluate(model, hp, run_seed=5) == selfplay.evaluate(model, hp, run_seed=5)
     assert first["eval_length"] >= 1 and first["eval_return"] == first["eval_length"]  # CartPole: +1 per step
+
+
+def test_a_time_limit_cut_is_not_a_terminal_and_its_targets_bootstrap():
+    """CartPole cut by a 4-step TimeLimit (a random policy never fails that fast): every episode ends
+    truncated, its last row is stored non-terminal, and the n-step target of that row bootstraps from
+    the value (a terminal would give the bare reward)."""
+    from agents.efficientzero.targets import nstep_value_targets
+
+    task = EfficientZeroAgent.validate_task({**TASK, "env_kwargs": {"max_episode_steps": 4}, "segment_length": 200})
+    store = build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False)
+    replay = RecordingReplay(store)
+    finished = SelfPlay(task).collect(_model(), HP, np.random.default_rng(0), replay, 0, 16, lambda n: None)
+    assert finished == [4.0] * 4
+    for b in replay.inserts:
+        assert len(b["obs"]) == 4 and not b["terminal"].any()
+        rewards, terminals = b["reward"][None].astype(np.float64), b["terminal"][None]
+        mask, values = np.ones((1, 4), bool), np.full((1, 4), 10.0)
+        z, _ = nstep_value_targets(np.pad(rewards, ((0, 0), (0, 3))), np.pad(terminals, ((0, 0), (0, 3))),
+                                   np.pad(mask, ((0, 0), (0, 3))), np.pad(values, ((0, 0), (0, 3))), 0.9, 3, 4)
+        assert z[0, -1] == pytest.approx(10.0)  # the cut row: its own value, not 0 or the reward alone
+        assert z[0, 2] == pytest.approx(1.0 + 0.9 * 10.0)

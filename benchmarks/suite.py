@@ -1,0 +1,360 @@
+"""The EfficientZero task suite: every task's evo run beside a random policy, a peer and an anchor.
+
+    python -m benchmarks.suite [--quick] [--tasks cartpole mountaincar ...] [--seeds K] [--reuse]
+                               [--max-minutes M] [--no-peer] --json OUT [--plot PNG]
+
+Per task (experiments/suite/<task>.toml, population 4) and seed 0..K-1, an ordinary evo run
+(RunStore under runs/suite/, the file's backend) records a curve point at every committed
+generation: env steps summed over all members, seconds since `evolve` began, and the best member's
+fitness, its mean return over the file's `eval_episodes` (10) greedy evaluation episodes. Beside
+it, on the same evaluation starts (the run seed's), **a random policy** (uniform actions, 10
+episodes under the same step cap), **a peer** for the classic-control tasks (AgileRL's DQN
+population through benchmarks/hpo/agilerl_runner.py in `.venv-agilerl`, its shipped config with
+the env id changed, on the same env-step budget; skipped with the reason recorded if its venv
+cannot be made) and **an anchor** (published numbers, `ANCHORS`). Verdicts against the issue's
+targets are in each task's `verdict`.
+
+`--reuse` continues from OUT: finished runs are kept; an interrupted run (its RunStore under
+runs/suite/ and its curve in OUT) continues from its last committed generation, with its curve and
+clock carried on. `--max-minutes` stops a run after the first generation past that many minutes of
+wall time (the run is marked partial; `--reuse` goes on from there). `--quick` shrinks every task to
+a population of 2, one generation of 64 steps per member, 2 evaluation episodes of at most 50 steps,
+inline backend, no peer: every task's whole pipeline in about a minute in all (the smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = ROOT / "runs" / "suite"
+
+#: name -> (experiment file, issue-23 target, stretch, anchor text, classic control?)
+TASKS: dict[str, dict[str, Any]] = {
+    "cartpole": {"file": "experiments/suite/cartpole.toml", "target": 475.0, "stretch": 500.0, "classic": True,
+                 "anchor": {"text": "SB3 DQN (rl-zoo) 500 at 50k env steps", "return": 500.0, "env_steps": 50_000}},
+    "lunarlander": {"file": "experiments/suite/lunarlander.toml", "target": 150.0, "stretch": 200.0, "classic": True,
+                    "anchor": {"text": "SB3 DQN (rl-zoo) 154 at 100k env steps, one agent", "return": 154.0,
+                               "env_steps": 100_000}},
+    "mountaincar": {"file": "experiments/suite/mountaincar.toml", "target": -130.0, "stretch": -110.0, "classic": True,
+                    "anchor": {"text": "SB3 DQN (rl-zoo) -101 at 120k env steps; PPO stays at -200", "return": -101.0,
+                               "env_steps": 120_000}},
+    "minatar_breakout": {"file": "experiments/suite/minatar_breakout.toml", "target_x_random": 10.0, "stretch": 15.0,
+                         "classic": False,
+                         "anchor": {"text": "gymnax PPO 28 at 10M env steps", "return": 28.0, "env_steps": 10_000_000}},
+    "minatar_asterix": {"file": "experiments/suite/minatar_asterix.toml", "target_x_random": 4.0, "stretch": None,
+                        "classic": False,
+                        "anchor": {"text": "gymnax PPO 15 at 10M env steps", "return": 15.0, "env_steps": 10_000_000}},
+    "minatar_spaceinvaders": {"file": "experiments/suite/minatar_spaceinvaders.toml", "target_x_random": 4.0,
+                              "stretch": None, "classic": False,
+                              "anchor": {"text": "gymnax PPO 131 at 10M env steps", "return": 131.0,
+                                         "env_steps": 10_000_000}},
+}
+
+QUICK = {"population": {"size": 2, "generations": 1, "steps_per_generation": 64},
+         "task": {"eval_episodes": 2, "eval_max_steps": 50, "min_replay": 32, "num_envs": 4},
+         "hparams": {"num_simulations": 4, "batch_size": 16}}
+
+
+# ---------------------------------------------------------------------------------------------
+def load_task(name: str, seed: int, quick: bool):
+    """The task's experiment (with the benchmark's seed; shrunk under --quick) and its TOML text."""
+    from evo.spec import parse_experiment
+
+    path = ROOT / TASKS[name]["file"]
+    text = path.read_text()
+    data = tomllib.loads(text)
+    data["seed"] = seed
+    if quick:
+        data["backend"] = "inline"
+        data["population"].update(QUICK["population"])
+        data["agent"]["task"].update(QUICK["task"])
+        hp = data["agent"]["hparams"]
+        for key, value in QUICK["hparams"].items():
+            hp[key] = {**hp[key], "value": value, "min": min(hp[key].get("min", value), value)} \
+                if isinstance(hp.get(key), dict) else value
+        text += f"\n# benchmarks.suite --quick: {json.dumps(QUICK)}\n"
+    return parse_experiment(data, str(path)), text
+
+
+def random_policy(task: dict[str, Any], run_seed: int, episodes: int, cap: int, seed: int = 0) -> dict[str, Any]:
+    """Uniform random actions on the evaluation starts of `run_seed` (as `SelfPlay.evaluation`: env i
+    starts from seed run_seed * 7919 + 12345 + i), `cap` steps at most per episode."""
+    from agents.efficientzero.envs import EnvPool
+
+    pool = EnvPool(task, episodes)
+    rng = np.random.default_rng(seed)
+    returns = np.zeros(episodes)
+    for i in range(episodes):
+        pool.reset_to(i, int(run_seed) * 7919 + 12345 + i)
+        n = pool.envs[i].action_space.n
+        for _ in range(cap):
+            _, reward, term, trunc, _ = pool.step(i, int(rng.integers(n)))
+            returns[i] += reward
+            if term or trunc:
+                break
+    return {"mean": float(returns.mean()), "std": float(returns.std()), "episodes": episodes, "step_cap": cap}
+
+
+class _Stop(Exception):
+    """--max-minutes reached after a committed generation."""
+
+
+def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, max_minutes: float | None,
+            on_point) -> dict[str, Any]:
+    """One evo run of the task (continued from its RunStore when `previous` holds a partial curve)."""
+    from benchmarks.hpo.evo_strategy import CurveObserver
+    from evo.population import evolve, start_backend
+    from evo.runstore import RunStore
+
+    exp, text = load_task(name, seed, quick)
+    run_name = f"{name}_s{seed}{'_quick' if quick else ''}"
+    tmp = tempfile.TemporaryDirectory(prefix="evo-suite-") if quick else None
+    runs_dir = Path(tmp.name) if tmp else RUNS_DIR
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    curve = list(previous["curve"]) if previous else []
+    if curve and (runs_dir / run_name).exists():
+        store = RunStore.open(run_name, runs_dir)
+        done = store.last_completed_generation() + 1
+        curve = curve[:done]  # generations past the JSON's last point are re-counted from the store below
+    else:
+        if (runs_dir / run_name).exists():  # a stale store without a curve: start over
+            import shutil
+
+            shutil.rmtree(runs_dir / run_name)
+        store = RunStore.create(runs_dir, run_name, text, exp.to_json())
+        curve = []
+    load_start = os.getloadavg()
+    scheduler, context = start_backend(exp, exp.backend)
+    observer = CurveObserver(exp.population.steps_per_generation)
+    if curve:  # carry the steps and the clock on
+        observer.steps = curve[-1][0]
+        observer.start -= curve[-1][1]
+    observer.curve = curve
+    started = time.perf_counter()
+
+    def point(c: list) -> None:
+        on_point({"seed": seed, "curve": c, "partial": True})
+        if max_minutes is not None and time.perf_counter() - started > 60 * max_minutes:
+            raise _Stop
+
+    observer.on_point = point
+    partial = False
+    try:
+        evolve(exp, store, scheduler, context, observer=observer)
+    except _Stop:
+        partial = observer.curve[-1][0] < exp.population.size * exp.population.generations * \
+            exp.population.steps_per_generation
+    finally:
+        scheduler.close()
+        store.close()
+        if tmp is not None:
+            tmp.cleanup()
+    c = observer.curve
+    return {"seed": seed, "curve": c, "partial": partial, "wall_s": c[-1][1] if c else None,
+            "final_best": c[-1][2] if c else None, "peak_best": max((p[2] for p in c), default=None),
+            "budget": exp.population.size * exp.population.generations * exp.population.steps_per_generation,
+            "population": exp.population.size, "backend": exp.backend,
+            "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+def run_peer(name: str, seed: int, env_id: str, budget: int, steps_per_generation: int) -> dict[str, Any]:
+    """AgileRL's DQN population on `env_id` (classic control only), or {"skipped": why}."""
+    from benchmarks.hpo import agilerl_peer
+
+    evo_steps = max(agilerl_peer.NUM_ENVS, steps_per_generation // agilerl_peer.NUM_ENVS * agilerl_peer.NUM_ENVS)
+    try:
+        exe = agilerl_peer.ensure_venv()
+    except Exception as exc:  # no network, no wheel: the peer is skipped, said so
+        return {"skipped": f"AgileRL's venv could not be made ({type(exc).__name__}: {exc})"}
+    with tempfile.TemporaryDirectory(prefix="agilerl-suite-") as tmp:
+        out = Path(tmp) / "curve.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["WANDB_MODE"] = "disabled"
+        load_start = os.getloadavg()
+        proc = subprocess.run([str(exe), str(agilerl_peer.RUNNER), "--seed", str(seed), "--budget", str(budget),
+                               "--evo-steps", str(evo_steps), "--env-id", env_id, "--out", str(out)],
+                              cwd=tmp, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not out.exists():
+            return {"skipped": f"AgileRL runner failed (exit {proc.returncode}): {proc.stderr[-600:]}"}
+        result = json.loads(out.read_text())
+    curve = result["curve"]
+    return {"algorithm": "DQN (AgileRL 2.58, shipped configs/training/dqn/dqn.yaml, env id changed)",
+            "curve": curve, "final_best": curve[-1][2] if curve else None,
+            "peak_best": max((p[2] for p in curve), default=None), "wall_s": curve[-1][1] if curve else None,
+            "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets against the runs: per seed, did the final best reach the target (and stretch)?"""
+    spec = TASKS[name]
+    runs = [r for r in entry.get("runs", []) if r.get("curve")]
+    rnd = entry.get("random", {}).get("mean")
+    if "target" in spec:
+        target = spec["target"]
+    elif rnd is not None:
+        target = spec["target_x_random"] * max(rnd, 1e-9)
+    else:
+        target = None
+    finals = [r["final_best"] for r in runs]
+    out: dict[str, Any] = {"target": target, "finals": finals,
+                           "met": [f >= target for f in finals] if target is not None else None,
+                           "stretch_met": [f >= spec["stretch"] for f in finals] if spec.get("stretch") else None,
+                           "complete": bool(runs) and not any(r.get("partial") for r in runs)}
+    if rnd is not None:
+        out["x_random"] = [round(f / rnd, 2) if rnd > 0 else None for f in finals]
+    peer = entry.get("peer", {})
+    if peer.get("final_best") is not None:
+        out["above_peer"] = [f > peer["final_best"] for f in finals]
+    return out
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in results["tasks"] if results["tasks"][n].get("runs")]
+    if not names:
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        entry = results["tasks"][name]
+        for run in entry["runs"]:
+            c = np.asarray(run["curve"])
+            if len(c):
+                ax.plot(c[:, 0], c[:, 2], marker="o", ms=3, label=f"evo EZ seed {run['seed']}")
+        peer = entry.get("peer", {})
+        if peer.get("curve"):
+            c = np.asarray(peer["curve"])
+            ax.plot(c[:, 0], c[:, 2], ls="--", label="AgileRL DQN")
+        if "random" in entry:
+            ax.axhline(entry["random"]["mean"], color="grey", ls=":", label="random")
+        target = entry.get("verdict", {}).get("target")
+        if target is not None:
+            ax.axhline(target, color="green", ls="-.", lw=0.8, label="target")
+        ax.set_title(name)
+        ax.set_xlabel("env steps (all members)")
+        ax.set_ylabel("best member, mean eval return")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(results: dict[str, Any]) -> str:
+    """The results as a markdown table (docs/benchmarks.md): one row per task and seed."""
+    rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
+            "| anchor | target | met | load at start/end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, entry in results["tasks"].items():
+        v, peer = entry.get("verdict", {}), entry.get("peer", {})
+        peer_text = f"{peer['final_best']:.1f}" if peer.get("final_best") is not None else \
+            f"skipped ({peer.get('skipped', 'not run')[:40]})"
+        for run in entry.get("runs", []):
+            if not run.get("curve"):
+                continue
+            steps, wall, best = run["curve"][-1]
+            peak = max(p[2] for p in run["curve"])
+            met = "partial" if run.get("partial") else ("yes" if v.get("target") is not None and best >= v["target"]
+                                                        else "no")
+            target = f"{v['target']:.1f}" if v.get("target") is not None else "?"
+            rows.append(f"| {name} | {run['seed']} | {steps:,} of {run.get('budget', 0):,} | {wall:.0f} "
+                        f"| {best:.1f} ({peak:.1f}) "
+                        f"| {entry.get('random', {}).get('mean', float('nan')):.1f} | {peer_text} "
+                        f"| {entry['anchor']['text']} | {target} | {met} "
+                        f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} |")
+    return "\n".join(rows)
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="every task tiny (the smoke test; about a minute)")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..K-1 per task")
+    parser.add_argument("--reuse", action="store_true", help="continue from --json: keep finished runs, go on with partial ones")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop a run after the generation past this")
+    parser.add_argument("--no-peer", action="store_true", help="skip AgileRL (recorded as skipped)")
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--plot", default=None)
+    parser.add_argument("--table", action="store_true", help="print --json's results as a markdown table and stop")
+    args = parser.parse_args(argv)
+    if args.table:
+        results = json.loads(Path(args.json).read_text())
+        print(table(results))
+        if args.plot:
+            plot(results, args.plot)
+        return results
+    import torch
+
+    torch.set_num_threads(1)
+    from benchmarks.hpo.common import machine
+
+    out = Path(args.json)
+    results: dict[str, Any] = {"tasks": {}}
+    if args.reuse and out.exists():
+        results = json.loads(out.read_text())
+    results.update({"command": "python -m benchmarks.suite " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "commit": _commit(), "quick": args.quick, "machine": machine()})
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+
+    for name in args.tasks:
+        entry = results["tasks"].setdefault(name, {"runs": []})
+        entry.update({"file": TASKS[name]["file"], "anchor": TASKS[name]["anchor"]})
+        t0 = time.perf_counter()
+        for seed in range(args.seeds):
+            prev = next((r for r in entry["runs"] if r["seed"] == seed), None)
+            if prev is not None and not prev.get("partial"):
+                continue
+
+            def on_point(partial_run: dict[str, Any], seed: int = seed, entry: dict = entry) -> None:
+                entry["runs"] = [r for r in entry["runs"] if r["seed"] != seed] + [partial_run]
+                save()
+
+            run = run_evo(name, seed, args.quick, prev, args.max_minutes, on_point)
+            entry["runs"] = sorted([r for r in entry["runs"] if r["seed"] != seed] + [run], key=lambda r: r["seed"])
+            print(f"suite {name} seed {seed}: final best {run['final_best']} after {run['curve'][-1][0]} env steps, "
+                  f"{run['wall_s']} s{' (partial)' if run['partial'] else ''}", flush=True)
+            save()
+        exp, _ = load_task(name, 0, args.quick)
+        if "random" not in entry or args.quick:
+            task = exp.task
+            entry["random"] = random_policy(task, exp.seed, max(10, int(task["eval_episodes"])), int(task["eval_max_steps"]))
+        budget = exp.population.size * exp.population.generations * exp.population.steps_per_generation
+        if not TASKS[name]["classic"]:
+            entry["peer"] = {"skipped": "MinAtar: the published curve is the anchor (no peer run)"}
+        elif args.quick or args.no_peer:
+            entry["peer"] = {"skipped": "--quick" if args.quick else "--no-peer"}
+        elif not entry.get("peer", {}).get("curve"):
+            entry["peer"] = run_peer(name, 0, exp.task["env_id"], budget, exp.population.steps_per_generation)
+        entry["budget"] = budget
+        entry["verdict"] = verdict(name, entry)
+        entry["task_wall_s_this_call"] = round(time.perf_counter() - t0, 1)
+        save()
+    if args.plot:
+        plot(results, args.plot)
+    return results
+
+
+if __name__ == "__main__":
+    main()
