@@ -98,23 +98,31 @@ def _recurrent(model: torch.nn.Module, latent: torch.Tensor, action: torch.Tenso
 def search_members(model: StackedSearchModel, obs: Sequence[np.ndarray], hps: Sequence[dict[str, Any]],
                    rngs: Sequence[np.random.Generator] | None, evaluation: bool = False) -> list[SearchResult]:
     """One search over every member's roots (obs[m]: member m's [n, ...] observations, equal n),
-    each root with its member's discount, simulations and (with `rngs`) Dirichlet noise drawn
-    from its member's generator, in member order; returns each member's own `SearchResult`."""
+    each root with its member's discount, simulations, search kind (`search`: PUCT or Gumbel) and
+    (with `rngs`) root noise drawn from its member's generator — Dirichlet for a PUCT member, Gumbel
+    for a Gumbel one, as its own `BatchedMCTS.run` draws it — in member order; returns each member's
+    own `SearchResult`."""
     n = len(obs[0])
     sims = [int(hp["eval_simulations"]) or int(hp["num_simulations"]) if evaluation else int(hp["num_simulations"])
             for hp in hps]
-    noise = None
+    gumbel = [str(hp.get("search", "puct")) == "gumbel" for hp in hps]
+    noise = gumbel_noise = None
     if rngs is not None:
-        noise = lambda A: np.concatenate([rng.dirichlet([float(hp["dirichlet_alpha"])] * A, size=n)
-                                          for rng, hp in zip(rngs, hps)])
+        noise = lambda A: np.concatenate([np.zeros((n, A)) if g else rng.dirichlet([float(hp["dirichlet_alpha"])] * A, size=n)
+                                          for rng, hp, g in zip(rngs, hps, gumbel)])
+        gumbel_noise = lambda A: np.concatenate([rng.gumbel(size=(n, A)) if g else np.zeros((n, A))
+                                                 for rng, g in zip(rngs, gumbel)])
     horizon = {int(hp["lstm_horizon_len"]) for hp in hps}
     if len(horizon) != 1:
         raise ValueError(f"search_members: members of one group share lstm_horizon_len, found {sorted(horizon)}")
     result = search(model, torch.as_tensor(np.concatenate(obs), dtype=torch.float32),
                     np.repeat([float(hp["discount"]) for hp in hps], n), np.repeat(sims, n), horizon.pop(), noise,
-                    np.repeat([float(hp["exploration_fraction"]) for hp in hps], n))
+                    np.repeat([float(hp["exploration_fraction"]) for hp in hps], n),
+                    gumbel=np.repeat(gumbel, n), gumbel_noise=gumbel_noise,
+                    max_considered_actions=np.repeat([int(hp.get("max_considered_actions", 16)) for hp in hps], n))
     rows = [slice(m * n, (m + 1) * n) for m in range(len(hps))]
-    return [SearchResult(result.visit_counts[r], result.root_values[r], result.policy[r], result.root_prior[r])
+    return [SearchResult(result.visit_counts[r], result.root_values[r], result.policy[r], result.root_prior[r],
+                         None if result.action is None else result.action[r])
             for r in rows]
 
 

@@ -63,7 +63,9 @@ def test_fused_group_equals_each_member_alone_f64():
 
 def test_one_search_over_several_members_roots_equals_their_own_searches():
     ctx = AgentContext(task={**TASK, "dtype": "float32"}, seed=0)
-    agents = [EfficientZeroAgent.create(ARCH, {"num_simulations": 3 + 2 * i, "discount": 0.9 + 0.04 * i}, i, i, ctx)
+    # member 1 searches the Gumbel way: its roots get Gumbel noise from its own generator, the others Dirichlet
+    agents = [EfficientZeroAgent.create(ARCH, {"num_simulations": 3 + 2 * i, "discount": 0.9 + 0.04 * i,
+                                               "search": "gumbel" if i == 1 else "puct"}, i, i, ctx)
               for i in range(3)]
     with torch.no_grad():
         for a in agents:
@@ -80,3 +82,6 @@ def test_one_search_over_several_members_roots_equals_their_own_searches():
                                                                  np.random.default_rng(10 + i), add_noise=True)
         assert np.array_equal(own.visit_counts, fused[i].visit_counts)
         np.testing.assert_allclose(own.root_values, fused[i].root_values, rtol=1e-5)
+        np.testing.assert_allclose(own.policy, fused[i].policy, rtol=1e-5, atol=1e-7)
+        own_action = np.full(5, -1) if own.action is None else own.action  # -1: drawn from the visits by the caller
+        assert np.array_equal(own_action, fused[i].action), i
