@@ -239,16 +239,7 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
         cos = F.cosine_similarity(out.predicted_projections[k - 1], out.target_projections[:, k - 1], dim=-1)
         loss_consistency = loss_consistency - cos * valid[:, k]
 
-    terms = {
-        "loss_value": (weights * loss_value).mean(),
-        "loss_policy": (weights * loss_policy).mean(),
-        "loss_value_prefix": (weights * loss_prefix).mean(),
-        "loss_consistency": (weights * loss_consistency).mean(),
-    }
-    total = (hp["value_weight"] * terms["loss_value"] + hp["policy_weight"] * terms["loss_policy"]
-             + hp["value_prefix_weight"] * terms["loss_value_prefix"]
-             + hp["consistency_weight"] * terms["loss_consistency"])
-    return {**terms, "loss_total": total, "root_value": root_value}
+    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp)
 
 
 def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
@@ -274,6 +265,13 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
     loss_prefix = -(ce(batch["value_prefix_target"], out.value_prefix_logits) * mask).sum(0)
     cos = F.cosine_similarity(out.predicted_projections, out.target_projections.transpose(0, 1), dim=-1)
     loss_consistency = -(cos * valid[1:]).sum(0)
+    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp)
+
+
+def _weighted_terms(weights: torch.Tensor, loss_value: torch.Tensor, loss_policy: torch.Tensor, loss_prefix: torch.Tensor,
+                    loss_consistency: torch.Tensor, root_value: torch.Tensor, hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Per-window loss sums [B] -> the importance-weighted means, and their total at the member's loss weights
+    (both learner paths end here, so they weigh alike)."""
     terms = {
         "loss_value": (weights * loss_value).mean(),
         "loss_policy": (weights * loss_policy).mean(),
