@@ -253,42 +253,8 @@ def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor
                     best_a = _gumbel_root_action(b, considered[b, sim], gumbel, root_logits, children, visits, cq)
                 else:
                     best_a = _gumbel_interior_action(b, node, children, prior, visits, cq, probs)
-                c = children[b, node, best_a]
-                if c < 0:
-                    out_parent[b] = node
-                    out_action[b] = best_a
-                    path_len[b] = depth + 1
-                    break
-                node = c
-                depth += 1
-                path[b, depth] = node
-                continue
-            n_parent = visits[b, node]
-            # mean normalised Q over this node's visited children: the value for unvisited ones
-            q_sum = 0.0
-            n_vis = 0
-            for a in range(A):
-                c = children[b, node, a]
-                if c >= 0:
-                    q_sum += _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
-                    n_vis += 1
-            mean_q = q_sum / n_vis if n_vis > 0 else 0.0
-            pb_c = math.log((n_parent + PB_C_BASE + 1.0) / PB_C_BASE) + PB_C_INIT
-            sqrt_n = math.sqrt(n_parent)
-            best = -1e30
-            best_a = 0
-            for a in range(A):
-                c = children[b, node, a]
-                if c >= 0:
-                    q = _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
-                    n_child = visits[b, c]
-                else:
-                    q = mean_q
-                    n_child = 0
-                score = q + prior[b, node, a] * sqrt_n / (1.0 + n_child) * pb_c
-                if score > best:
-                    best = score
-                    best_a = a
+            else:
+                best_a = _puct_action(b, node, children, prior, visits, value_sum, reward, discount, lo, hi, floor)
             c = children[b, node, best_a]
             if c < 0:
                 out_parent[b] = node
@@ -298,6 +264,40 @@ def _select(children, prior, visits, value_sum, reward, minmax, discounts, floor
             node = c
             depth += 1
             path[b, depth] = node
+
+
+@njit(cache=True)
+def _puct_action(b, node, children, prior, visits, value_sum, reward, discount, lo, hi, floor):
+    """pUCT selection at `node` of tree b: unvisited children valued at the mean normalised Q of the
+    visited ones."""
+    A = children.shape[2]
+    n_parent = visits[b, node]
+    # mean normalised Q over this node's visited children: the value for unvisited ones
+    q_sum = 0.0
+    n_vis = 0
+    for a in range(A):
+        c = children[b, node, a]
+        if c >= 0:
+            q_sum += _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
+            n_vis += 1
+    mean_q = q_sum / n_vis if n_vis > 0 else 0.0
+    pb_c = math.log((n_parent + PB_C_BASE + 1.0) / PB_C_BASE) + PB_C_INIT
+    sqrt_n = math.sqrt(n_parent)
+    best = -1e30
+    best_a = 0
+    for a in range(A):
+        c = children[b, node, a]
+        if c >= 0:
+            q = _normalize(reward[b, c] + discount * value_sum[b, c] / visits[b, c], lo, hi, floor)
+            n_child = visits[b, c]
+        else:
+            q = mean_q
+            n_child = 0
+        score = q + prior[b, node, a] * sqrt_n / (1.0 + n_child) * pb_c
+        if score > best:
+            best = score
+            best_a = a
+    return best_a
 
 
 @njit(cache=True)
