@@ -16,7 +16,13 @@ fast, compiled, compiled, fast, baseline, ... — so load from other processes f
   second, and the sampling's and the update's share;
 * cartpole: `agent.train(steps)` of the CartPole experiment's member (self-play, search and its
   updates): env steps per second;
-* minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member.
+* minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member;
+* mainjob (not in the default `--only`): the main job end to end, `evo run
+  experiments/cartpole_efficientzero.toml` (Ray, 4 members; `--quick`: 3 generations of the file's 6,
+  `--generations N`: N)
+  four times one after the other: compile "off", "on" with an empty inductor cache (cold), "on" again
+  with that cache (warm), "off" again; each run's wall seconds, generation seconds, the members'
+  summed `compile_seconds`, the distinct architectures trained, the elite's score and the load.
 
 Every window records wall seconds and this process's CPU seconds (`time.process_time`: on a loaded
 machine the CPU seconds are the steadier measure of the work) and the load average; each side's
@@ -168,12 +174,62 @@ def member_section(name: str, quick: bool, arms: tuple[str, ...]) -> dict[str, A
             **alternate(agent, lambda: agent.train(window), window, 2 if quick else 4, arms), **compiled}
 
 
+def main_job_section(quick: bool, generations: int | None = None) -> dict[str, Any]:
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    import evo
+
+    work = Path(tempfile.mkdtemp(prefix="evo-mainjob-"))
+    cache = work / "inductor-cache"  # empty: the first "on" run compiles cold
+    evo_bin = Path(sys.executable).parent / "evo"
+    runs: list[dict[str, Any]] = []
+    for i, (name, compile_mode) in enumerate((("off", "off"), ("on_cold", "on"), ("on_warm", "on"), ("off", "off"))):
+        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        cmd = [str(evo_bin), "run", str(ROOT / EXPERIMENTS["cartpole"]), "--quiet", "--runs-dir", str(work / "runs"),
+               "--name", f"run{i}-{name}", "--set", f'agent.task.compile="{compile_mode}"']
+        if generations or quick:
+            cmd += ["--generations", str(generations or 3)]
+        load0 = os.getloadavg()
+        w0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - w0
+        elapsed = re.findall(r"([0-9.]+) s elapsed", proc.stdout)
+        row: dict[str, Any] = {"arm": name, "compile": compile_mode, "rc": proc.returncode, "wall_s": round(wall, 1),
+                               "generations_s": float(elapsed[-1]) if elapsed else None,
+                               "load_start": [round(x, 2) for x in load0],
+                               "load_end": [round(x, 2) for x in os.getloadavg()]}
+        if proc.returncode == 0:
+            ev = evo.open_run(str(work / "runs" / f"run{i}-{name}")).evaluations()
+            arch_cols = [c for c in ev.columns if c.startswith("arch.")]
+            row["distinct_architectures"] = int(ev[arch_cols].astype(str).drop_duplicates().shape[0])
+            row["compile_seconds"] = round(float(ev.get("train.compile_seconds", ev["wall_s"] * 0).sum()), 1)
+            row["best_score"] = float(ev["score"].max())
+        else:
+            row["stderr_tail"] = proc.stderr[-2000:]
+        print("mainjob", json.dumps(row), flush=True)
+        runs.append(row)
+    out: dict[str, Any] = {"runs": runs, "work_dir": str(work)}
+    off = [r["generations_s"] for r in runs if r["compile"] == "off" and r["generations_s"]]
+    for arm_name in ("on_cold", "on_warm"):
+        on = [r["generations_s"] for r in runs if r["arm"] == arm_name and r["generations_s"]]
+        if off and on:
+            out[f"ratio_{arm_name}_generations"] = round(statistics.mean(off) / on[0], 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about a minute on an idle 2-core machine")
     parser.add_argument("--only", default="learner,cartpole,minatar", help="comma-separated sections")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of " + ",".join(ARMS))
     parser.add_argument("--cache-dir", default=None, help="inductor's cache (TORCHINDUCTOR_CACHE_DIR) for this run")
+    parser.add_argument("--generations", type=int, default=None, help="mainjob: generations per run (default: "
+                        "the experiment's 6, 3 with --quick)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
@@ -193,22 +249,24 @@ def main() -> None:
     for section in sections:
         if section == "learner":
             out["learner"] = learner_section(args.quick, arms)
+        elif section == "mainjob":
+            out["mainjob"] = main_job_section(args.quick, args.generations)
         elif section in EXPERIMENTS:
             try:
                 out[section] = member_section(section, args.quick, arms)
             except ImportError as err:  # MinAtar not installed: say so, measure the rest
                 out[section] = {"skipped": str(err)}
         else:
-            raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar")
+            raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar, mainjob")
         summary = {k: v for k, v in out[section].items()
-                   if k.startswith("ratio_median_cpu") or k.startswith("ratio_compiled") and "median_cpu" in k
+                   if k.startswith(("ratio_median_cpu", "ratio_on")) or (k.startswith("ratio_compiled") and "median_cpu" in k)
                    or k in ("skipped", "compile_seconds", "cache_files_before")}
         print(section, json.dumps(summary), flush=True)
     out["loadavg_end"] = list(os.getloadavg())
     out["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: v for k, v in out.items() if k not in EXPERIMENTS and k != "learner"}))
+    print(json.dumps({k: v for k, v in out.items() if k not in EXPERIMENTS and k not in ("learner", "mainjob")}))
 
 
 if __name__ == "__main__":
