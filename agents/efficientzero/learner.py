@@ -27,12 +27,14 @@ the loss through `torch.compile` (inductor, C++ wrapper), so the backward is a c
 `compiled_loss`. One graph per architecture, batch size dynamic; compiled graphs live on disk in a
 cache every process of the machine shares (`compile_cache_dir`), so a graph compiles once per machine
 (~45 s) and loads in a few seconds in any later process; a process compiles at most
-`MAX_COMPILED_GRAPHS` architectures and runs any further one, or one whose compile fails, eagerly.
+`MAX_COMPILED_GRAPHS` architectures and runs any further one, or one whose compile fails, eagerly;
+while another process compiles a graph, the others train that architecture eagerly and load it after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 import warnings
@@ -355,6 +357,26 @@ def _graph_key(model: torch.nn.Module, lstm_horizon_len: int) -> tuple:
             tuple(type(m).__name__ for m in model.modules()))
 
 
+def _compile_lock(key: tuple) -> Any:
+    """One compile of a graph at a time on the machine: an exclusive, non-blocking flock on a file
+    named by the graph's key in the cache directory. Returns the open file (close it to release; the
+    lock also goes with the process), False when another process holds it, None where flock is
+    unavailable (not POSIX: no lock, compile anyway)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    folder = os.path.join(compile_cache_dir(), "evo-locks")
+    os.makedirs(folder, exist_ok=True)
+    handle = open(os.path.join(folder, hashlib.sha256(repr(key).encode()).hexdigest()[:24] + ".lock"), "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return False
+    return handle
+
+
 def _loss_to_compile(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], weights: torch.Tensor,
                      lstm_horizon_len: int) -> dict[str, torch.Tensor]:
     hp: dict[str, Any] = dict(zip(LOSS_WEIGHTS.values(), weights.unbind(0)))
@@ -367,12 +389,19 @@ def compiled_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], hp:
     """The fast path's `loss_terms` with the model's own parameters, through `torch.compile`
     (inductor, C++ wrapper; the backward of the result is compiled too). The batch dimension is
     dynamic: one graph serves every batch size. Returns None where the model runs eagerly: over
-    `MAX_COMPILED_GRAPHS` architectures in this process, or its compile failed (warned once)."""
+    `MAX_COMPILED_GRAPHS` architectures in this process, its compile failed (warned once), or another
+    process is compiling the same graph right now (`_compile_lock`; this one tries again at its next
+    update and then loads the graph from the disk cache instead of compiling it a second time)."""
     H = int(hp["lstm_horizon_len"])
     key = _graph_key(model, H)
     graphs = _compiled["graphs"]
     if key in _compiled["failed"] or (key not in graphs and len(graphs) >= MAX_COMPILED_GRAPHS):
         return None
+    lock = None
+    if key not in graphs:
+        lock = _compile_lock(key)
+        if lock is False:  # another process is compiling this graph: train eagerly until it is in the cache
+            return None
     if _compiled["fn"] is None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
         # our own cap decides which architectures compile; dynamo's per-function limit must not cut in first
@@ -394,6 +423,9 @@ def compiled_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], hp:
         warnings.warn(f"torch.compile of the EfficientZero loss failed ({type(err).__name__}: {err}); "
                       "this architecture trains eagerly", RuntimeWarning, stacklevel=2)
         return None
+    finally:
+        if lock:
+            lock.close()  # releases the flock
     if key not in graphs:
         graphs[key] = time.perf_counter() - t0
     return terms

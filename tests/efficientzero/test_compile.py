@@ -146,3 +146,35 @@ def test_compiled_float64_losses_gradients_and_updates_equal_eager(fresh_compile
         assert learner.compiled_loss(other.model, small.tensors, other.hparams) is None
     finally:
         learner.MAX_COMPILED_GRAPHS = cap
+
+
+def test_while_another_process_compiles_the_graph_the_member_trains_eagerly(fresh_compile_state, monkeypatch, tmp_path):
+    """The graph's lock is held (as by another process compiling it; flock conflicts between two open
+    files in one process too): updates run eagerly without compiling; once it is released the next
+    update compiles (here: a compiler that fails, so the fallback shows that it was tried)."""
+    pytest.importorskip("fcntl")  # POSIX: elsewhere there is no lock
+
+    calls = []
+
+    def broken_compile(fn, **kwargs):
+        def run(*args, **kw):
+            calls.append(1)
+            raise RuntimeError("compiler tried")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(learner, "_USER_CACHE_DIR", str(tmp_path))
+    agent = make(seed=0)
+    agent.train(60)
+    batch = learner.sample_batch(agent.replay, agent.target_model, agent.hparams, agent.rng)
+    key = learner._graph_key(agent.model, int(agent.hparams["lstm_horizon_len"]))
+    held = learner._compile_lock(key)
+    assert held and learner._compile_lock(key) is False
+    want = _two_updates(agent, batch, compile=False)
+    got = _two_updates(agent, batch, compile=True)  # eager while the lock is held
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    assert calls == []
+    held.close()
+    with pytest.warns(RuntimeWarning, match="compiler tried"):
+        _two_updates(agent, batch, compile=True)
+    assert len(calls) == 1
