@@ -1,33 +1,47 @@
-"""EfficientZero's learner, fast path against baseline, side by side in one process.
+"""EfficientZero's learner: baseline, fast path and compiled fast path, side by side in one process.
 
-    python -m benchmarks.efficientzero_speed [--quick] [--only learner,cartpole,minatar] --json OUT.json
+    python -m benchmarks.efficientzero_speed [--quick] [--only learner,cartpole,minatar]
+        [--arms baseline,fast,compiled] --json OUT.json
 
-The two paths of `agents.efficientzero.learner` (`learner.use_path`: "fast", the default, and
-"baseline", the step-by-step code it replaced) compute the same function (float64 equality:
-tests/efficientzero/test_fast_path.py). Each section builds a member from an experiment file's
-defaults (its task, arch and hyperparameter values), trains it until its replay is warm, then
-alternates the two paths in short windows on that same member — baseline, fast, fast, baseline, ...
-— so load from other processes falls on both sides alike:
+Three arms: "baseline" (`learner.use_path("baseline")`, the step-by-step code), "fast" (the default
+eager path; float64 equality with the baseline: tests/efficientzero/test_fast_path.py) and "compiled"
+(the fast path with `task.compile = "on"`: `learner.compiled_loss`, tests/efficientzero/test_compile.py).
+Each section builds a member from an experiment file's defaults (its task, arch and hyperparameter
+values), trains it until its replay is warm, compiles (the compiled arm's first update, timed and
+reported as `compile_seconds`, with whether inductor's disk cache already held the graph: a cold
+compile, or a warm load), then alternates the arms in short windows on that same member — baseline,
+fast, compiled, compiled, fast, baseline, ... — so load from other processes falls on all alike:
 
 * learner: `sample_batch` + `update` (the CartPole experiment: batch 128, unroll 5); updates per
   second, and the sampling's and the update's share;
 * cartpole: `agent.train(steps)` of the CartPole experiment's member (self-play, search and its
   updates): env steps per second;
-* minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member.
+* minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member;
+* mainjob (not in the default `--only`): the main job end to end, `evo run
+  experiments/cartpole_efficientzero.toml` (Ray, 4 members; `--quick`: 3 generations of the file's 6,
+  `--generations N`: N)
+  four times one after the other: compile "off", "on" with an empty inductor cache (cold), "on" again
+  with that cache (warm), "off" again; each run's wall seconds, generation seconds, the members'
+  summed `compile_seconds`, the distinct architectures trained, the elite's score and the load.
 
 Every window records wall seconds and this process's CPU seconds (`time.process_time`: on a loaded
 machine the CPU seconds are the steadier measure of the work) and the load average; each side's
-median and best are reported with the ratios fast / baseline. One torch thread, as members train.
+median and best are reported with the ratios of each arm to the baseline (`ratio_*`: fast / baseline,
+as before; `ratio_compiled_*`: compiled / baseline; `ratio_compiled_fast_*`: compiled / fast). One
+torch thread, as members train. `--cache-dir DIR` points inductor's cache elsewhere (an empty directory
+measures a cold compile).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,102 +64,209 @@ def build_member(name: str, seed: int = 0) -> Any:
                                   AgentContext(task=exp.task, replay=replay, seed=seed))
 
 
-def alternate(work: Any, units: float, rounds: int) -> dict[str, Any]:
-    """`rounds` pairs of windows in the order baseline, fast, fast, baseline, ...; `work()` does
-    `units` of work (updates, env steps) on the current path."""
+ARMS = ("baseline", "fast", "compiled")
+
+
+@contextlib.contextmanager
+def arm(agent: Any, name: str) -> Iterator[None]:
+    """Run `agent` on arm `name`: its learner path, and its `task.compile`."""
     from agents.efficientzero import learner
 
-    windows: dict[str, list[dict[str, float]]] = {"baseline": [], "fast": []}
+    old = agent.task["compile"]
+    agent.task["compile"] = "on" if name == "compiled" else "off"
+    try:
+        with learner.use_path("baseline" if name == "baseline" else "fast"):
+            yield
+    finally:
+        agent.task["compile"] = old
+
+
+def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+    """`rounds` rounds of one window per arm, in the order of `arms` and then reversed (baseline,
+    fast, compiled, compiled, fast, baseline, ...); `work()` does `units` of work (updates, env
+    steps) on the current arm."""
+    windows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     for r in range(rounds):
-        for path in (("baseline", "fast") if r % 2 == 0 else ("fast", "baseline")):
-            with learner.use_path(path):
+        for name in (arms if r % 2 == 0 else arms[::-1]):
+            with arm(agent, name):
                 load = os.getloadavg()[0]
                 w0, c0 = time.perf_counter(), time.process_time()
                 work()
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            windows[path].append({"wall_s": wall, "cpu_s": cpu, "load1": load,
+            windows[name].append({"wall_s": wall, "cpu_s": cpu, "load1": load,
                                   "per_s_wall": units / wall, "per_s_cpu": units / max(cpu, 1e-9)})
     out: dict[str, Any] = {"units_per_window": units, "rounds": rounds}
-    for path, ws in windows.items():
-        out[path] = {f"{stat}_{clock}": round(fn([w[f"per_s_{clock}"] for w in ws]), 2)
+    for name, ws in windows.items():
+        out[name] = {f"{stat}_{clock}": round(fn([w[f"per_s_{clock}"] for w in ws]), 2)
                      for stat, fn in (("median", statistics.median), ("best", max)) for clock in ("wall", "cpu")}
-        out[path]["windows"] = [{k: round(v, 4) for k, v in w.items()} for w in ws]
-    for stat in ("median", "best"):
-        for clock in ("wall", "cpu"):
-            key = f"{stat}_{clock}"
-            out[f"ratio_{key}"] = round(out["fast"][key] / out["baseline"][key], 3)
+        out[name]["windows"] = [{k: round(v, 4) for k, v in w.items()} for w in ws]
+    ratios = {"ratio": ("fast", "baseline"), "ratio_compiled": ("compiled", "baseline"),
+              "ratio_compiled_fast": ("compiled", "fast")}
+    for prefix, (num, den) in ratios.items():
+        if num in out and den in out:
+            for stat in ("median", "best"):
+                for clock in ("wall", "cpu"):
+                    key = f"{stat}_{clock}"
+                    out[f"{prefix}_{key}"] = round(out[num][key] / out[den][key], 3)
     return out
 
 
-def learner_section(quick: bool) -> dict[str, Any]:
+def compile_now(agent: Any) -> dict[str, Any]:
+    """The compiled arm's first update, timed: a cold compile when inductor's cache lacks the graph,
+    else a load from it (dynamo's trace included)."""
+    from agents.efficientzero import learner
+
+    cache = learner.compile_cache_dir()
+    entries = sum(len(files) for _, _, files in os.walk(cache)) if os.path.isdir(cache) else 0
+    before = learner.compile_stats()
+    w0 = time.perf_counter()
+    with arm(agent, "compiled"):
+        agent.update()
+    wall = time.perf_counter() - w0
+    after = learner.compile_stats()
+    return {"compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 2),
+            "first_update_wall_s": round(wall, 2), "cache_dir": cache, "cache_files_before": entries,
+            "new_graphs": int(after["compiled_graphs"] - before["compiled_graphs"]),
+            "compile_failures": int(after["compile_failures"]), "load1": os.getloadavg()[0]}
+
+
+def learner_section(quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
     from agents.efficientzero import learner
 
     agent = build_member("cartpole")
     agent.train(400 if quick else 1500)
     torch.set_num_threads(1)
+    compiled = compile_now(agent) if "compiled" in arms else {}
     n = 20 if quick else 50
-    parts = {"baseline": [0.0, 0.0], "fast": [0.0, 0.0]}
+    parts = {a: [0.0, 0.0] for a in arms}
 
     def work() -> None:
-        part = parts[learner.current_path()]
+        name = "baseline" if learner.current_path() == "baseline" else (
+            "compiled" if agent.task["compile"] == "on" else "fast")
+        part = parts[name]
         for _ in range(n):
             t0 = time.process_time()
             batch = learner.sample_batch(agent.replay, agent.target_model, agent.hparams, agent.rng)
             t1 = time.process_time()
             learner.update(agent.model, agent.target_model, agent.optimizer, agent.replay, batch, agent.hparams,
-                           agent.updates + 1)
+                           agent.updates + 1, compile=agent.task["compile"] == "on")
             agent.updates += 1
             part[0] += t1 - t0
             part[1] += time.process_time() - t1
 
-    out = alternate(work, n, 4 if quick else 8)
-    for path, (sample, update) in parts.items():
-        count = n * len(out[path]["windows"])
-        out[path]["sample_cpu_ms"] = round(sample / count * 1e3, 3)
-        out[path]["update_cpu_ms"] = round(update / count * 1e3, 3)
+    out = {**alternate(agent, work, n, 4 if quick else 8, arms), **compiled}
+    for name, (sample, update) in parts.items():
+        count = n * len(out[name]["windows"])
+        out[name]["sample_cpu_ms"] = round(sample / count * 1e3, 3)
+        out[name]["update_cpu_ms"] = round(update / count * 1e3, 3)
     return out
 
 
-def member_section(name: str, quick: bool) -> dict[str, Any]:
+def member_section(name: str, quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
     agent = build_member(name)
     # (warm-up steps beyond min_replay, window steps --quick, window steps)
     steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400)}[name]
     warm = int(agent.task["min_replay"]) + steps[0]
     agent.train(warm)  # past min_replay: every window learns
+    compiled = compile_now(agent) if "compiled" in arms else {}
     window = steps[1] if quick else steps[2]
     return {"steps_per_window": window, "warm_steps": warm,
-            **alternate(lambda: agent.train(window), window, 2 if quick else 4)}
+            **alternate(agent, lambda: agent.train(window), window, 2 if quick else 4, arms), **compiled}
+
+
+def main_job_section(quick: bool, generations: int | None = None) -> dict[str, Any]:
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    import evo
+
+    work = Path(tempfile.mkdtemp(prefix="evo-mainjob-"))
+    cache = work / "inductor-cache"  # empty: the first "on" run compiles cold
+    evo_bin = Path(sys.executable).parent / "evo"
+    runs: list[dict[str, Any]] = []
+    for i, (name, compile_mode) in enumerate((("off", "off"), ("on_cold", "on"), ("on_warm", "on"), ("off", "off"))):
+        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        cmd = [str(evo_bin), "run", str(ROOT / EXPERIMENTS["cartpole"]), "--quiet", "--runs-dir", str(work / "runs"),
+               "--name", f"run{i}-{name}", "--set", f'agent.task.compile="{compile_mode}"']
+        if generations or quick:
+            cmd += ["--generations", str(generations or 3)]
+        load0 = os.getloadavg()
+        w0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - w0
+        elapsed = re.findall(r"([0-9.]+) s elapsed", proc.stdout)
+        row: dict[str, Any] = {"arm": name, "compile": compile_mode, "rc": proc.returncode, "wall_s": round(wall, 1),
+                               "generations_s": float(elapsed[-1]) if elapsed else None,
+                               "load_start": [round(x, 2) for x in load0],
+                               "load_end": [round(x, 2) for x in os.getloadavg()]}
+        if proc.returncode == 0:
+            ev = evo.open_run(str(work / "runs" / f"run{i}-{name}")).evaluations()
+            arch_cols = [c for c in ev.columns if c.startswith("arch.")]
+            row["distinct_architectures"] = int(ev[arch_cols].astype(str).drop_duplicates().shape[0])
+            row["compile_seconds"] = round(float(ev.get("train.compile_seconds", ev["wall_s"] * 0).sum()), 1)
+            row["best_score"] = float(ev["score"].max())
+        else:
+            row["stderr_tail"] = proc.stderr[-2000:]
+        print("mainjob", json.dumps(row), flush=True)
+        runs.append(row)
+    out: dict[str, Any] = {"runs": runs, "work_dir": str(work)}
+    off = [r["generations_s"] for r in runs if r["compile"] == "off" and r["generations_s"]]
+    for arm_name in ("on_cold", "on_warm"):
+        on = [r["generations_s"] for r in runs if r["arm"] == arm_name and r["generations_s"]]
+        if off and on:
+            out[f"ratio_{arm_name}_generations"] = round(statistics.mean(off) / on[0], 3)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about a minute on an idle 2-core machine")
     parser.add_argument("--only", default="learner,cartpole,minatar", help="comma-separated sections")
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of " + ",".join(ARMS))
+    parser.add_argument("--cache-dir", default=None, help="inductor's cache (TORCHINDUCTOR_CACHE_DIR) for this run")
+    parser.add_argument("--generations", type=int, default=None, help="mainjob: generations per run (default: "
+                        "the experiment's 6, 3 with --quick)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if not arms or any(a not in ARMS for a in arms):
+        raise SystemExit(f"--arms: expected some of {','.join(ARMS)}, found {args.arms!r}")
+    if args.cache_dir:
+        from agents.efficientzero import learner
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = learner._USER_CACHE_DIR = os.path.abspath(args.cache_dir)
     torch.set_num_threads(1)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    out: dict[str, Any] = {"quick": args.quick, "torch": torch.__version__, "python": platform.python_version(),
+    out: dict[str, Any] = {"quick": args.quick, "arms": list(arms), "torch": torch.__version__,
+                           "python": platform.python_version(),
                            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()
     for section in sections:
         if section == "learner":
-            out["learner"] = learner_section(args.quick)
+            out["learner"] = learner_section(args.quick, arms)
+        elif section == "mainjob":
+            out["mainjob"] = main_job_section(args.quick, args.generations)
         elif section in EXPERIMENTS:
             try:
-                out[section] = member_section(section, args.quick)
+                out[section] = member_section(section, args.quick, arms)
             except ImportError as err:  # MinAtar not installed: say so, measure the rest
                 out[section] = {"skipped": str(err)}
         else:
-            raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar")
-        summary = {k: v for k, v in out[section].items() if k.startswith("ratio") or k == "skipped"}
+            raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar, mainjob")
+        summary = {k: v for k, v in out[section].items()
+                   if k.startswith(("ratio_median_cpu", "ratio_on")) or (k.startswith("ratio_compiled") and "median_cpu" in k)
+                   or k in ("skipped", "compile_seconds", "cache_files_before")}
         print(section, json.dumps(summary), flush=True)
     out["loadavg_end"] = list(os.getloadavg())
     out["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: v for k, v in out.items() if k not in EXPERIMENTS and k != "learner"}))
+    print(json.dumps({k: v for k, v in out.items() if k not in EXPERIMENTS and k not in ("learner", "mainjob")}))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "atari": {},              # ALE/ ids: the Atari 100k protocol's settings (agents.efficientzero.atari)
     # the networks' floating-point type; "float64" makes fused and one-by-one training agree to rounding
     "dtype": "float32",
+    # torch.compile of the learner's loss and backward: "off" or "on" (learner.compiled_loss; the
+    # compiled graphs are cached on disk for every process of the machine; docs/efficientzero.md "Compile")
+    "compile": "off",
 }
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -164,6 +167,8 @@ class EfficientZeroAgent(TorchAgent):
                 raise ValueError(f"task.{key}: expected a positive integer, found {out[key]!r}")
         if not isinstance(out["env_kwargs"], dict):
             raise ValueError(f"task.env_kwargs: expected a table, found {out['env_kwargs']!r}")
+        if out["compile"] not in learner.COMPILE_MODES:
+            raise ValueError(f"task.compile: expected one of {list(learner.COMPILE_MODES)}, found {out['compile']!r}")
         if out["dtype"] not in DTYPES:
             raise ValueError(f"task.dtype: expected one of {sorted(DTYPES)}, found {out['dtype']!r}")
         if is_atari(out["env_id"]):
@@ -257,6 +262,7 @@ class EfficientZeroAgent(TorchAgent):
     def train(self, steps: int) -> dict[str, float]:
         torch.set_num_threads(1)
         learned: dict[str, list[float]] = {}
+        compiled0 = learner.compile_stats()["compile_seconds"]
         t0 = time.perf_counter()
         finished = self.selfplay.collect(self.model, self.hparams, self.rng, self.replay, self.index, steps,
                                          lambda n: self._learn_after(n, learned))
@@ -265,6 +271,8 @@ class EfficientZeroAgent(TorchAgent):
         out.update({"env_steps": float(self.env_steps), "updates": float(self.updates),
                     "train_episodes": float(len(finished)), "train_seconds": self.last_train_seconds,
                     "carry_restarts": float(self.selfplay.carry_restarts)})
+        if self.task["compile"] != "off":  # seconds of this call spent compiling (or loading) graphs
+            out["compile_seconds"] = learner.compile_stats()["compile_seconds"] - compiled0
         if finished:  # episodes carry over between calls, so long ones finish in a later call
             out["train_episode_return"] = float(np.mean(finished))
         return out
@@ -289,7 +297,7 @@ class EfficientZeroAgent(TorchAgent):
         """One gradient update from the shared replay (see `learner`)."""
         batch = learner.sample_batch(self.replay, self.target_model, self.hparams, self.rng)
         metrics = learner.update(self.model, self.target_model, self.optimizer, self.replay, batch, self.hparams,
-                                 step=self.updates + 1)
+                                 step=self.updates + 1, compile=self.task["compile"] == "on")
         self.updates += 1
         return metrics
 

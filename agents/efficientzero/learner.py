@@ -21,11 +21,23 @@ latents (`model(..., stacked=True)`), the loss is computed on [steps, B] tensors
 clipping and Adam use torch's multi-tensor (foreach) kernels — and "baseline", the step-by-step
 unroll and loss as first written, kept as the reference (tests/efficientzero/test_fast_path.py:
 float64 losses and gradients of both agree to 1e-10). docs/efficientzero.md has the profile.
+
+On the fast path `update(..., compile=True)` (the agent's `task.compile`) runs the forward unroll and
+the loss through `torch.compile` (inductor, C++ wrapper), so the backward is a compiled graph too:
+`compiled_loss`. One graph per architecture, batch size dynamic; compiled graphs live on disk in a
+cache every process of the machine shares (`compile_cache_dir`), so a graph compiles once per machine
+(~45 s) and loads in a few seconds in any later process; a process compiles at most
+`MAX_COMPILED_GRAPHS` architectures and runs any further one, or one whose compile fails, eagerly;
+while another process compiles a graph, the others train that architecture eagerly and load it after.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
+import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +57,7 @@ from evo.replay import Replay
 __all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES",
            "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
-           "update"]
+           "update", "COMPILE_MODES", "MAX_COMPILED_GRAPHS", "compile_cache_dir", "compiled_loss", "compile_stats"]
 
 #: the named loss terms `loss_terms` returns (besides `loss_total` and the detached `root_value`)
 LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistency")
@@ -304,6 +316,121 @@ def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> to
     return total
 
 
+# ---------------------------------------------------------------------------------------------
+# torch.compile of the fast path's loss (and so of its backward)
+# ---------------------------------------------------------------------------------------------
+#: `task.compile` values: "off" (eager) or "on" (`compiled_loss`)
+COMPILE_MODES = ("off", "on")
+#: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
+#: cache); a member of any further architecture trains eagerly
+MAX_COMPILED_GRAPHS = 8
+_compiled: dict[str, Any] = {"fn": None, "graphs": {}, "failed": set()}
+#: the user's own TORCHINDUCTOR_CACHE_DIR, read at import (torch writes its /tmp default into the
+#: variable the first time any of its code asks, so later the variable no longer says who chose it)
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def compile_cache_dir() -> str:
+    """Where inductor keeps compiled graphs: $TORCHINDUCTOR_CACHE_DIR when the process started with
+    it, else $XDG_CACHE_HOME/evo/torchinductor (~/.cache/evo/torchinductor) — one directory for every
+    process of this user on the machine, Ray workers included, so each graph compiles once per machine
+    and survives reboots (torch's own default is under /tmp)."""
+    if _USER_CACHE_DIR:
+        return _USER_CACHE_DIR
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "evo", "torchinductor")
+
+
+def compile_stats() -> dict[str, float]:
+    """This process's compiled graphs so far: how many, the seconds their first calls took
+    (compile or cache load, trace included) and how many architectures fell back to eager."""
+    return {"compiled_graphs": float(len(_compiled["graphs"])),
+            "compile_seconds": float(sum(_compiled["graphs"].values())),
+            "compile_failures": float(len(_compiled["failed"]))}
+
+
+def _graph_key(model: torch.nn.Module, lstm_horizon_len: int) -> tuple:
+    """What selects a compiled graph: the modules, the parameters' shapes and dtypes, the device
+    (the batch size is a dynamic dimension, the loss weights are tensor inputs)."""
+    return (type(model).__name__, lstm_horizon_len, float(getattr(model, "obs_scale", 1.0)), str(model_device(model)),
+            tuple((n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()),
+            tuple(type(m).__name__ for m in model.modules()))
+
+
+def _compile_lock(key: tuple) -> Any:
+    """One compile of a graph at a time on the machine: an exclusive, non-blocking flock on a file
+    named by the graph's key in the cache directory. Returns the open file (close it to release; the
+    lock also goes with the process), False when another process holds it, None where flock is
+    unavailable (not POSIX: no lock, compile anyway)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    folder = os.path.join(compile_cache_dir(), "evo-locks")
+    os.makedirs(folder, exist_ok=True)
+    handle = open(os.path.join(folder, hashlib.sha256(repr(key).encode()).hexdigest()[:24] + ".lock"), "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return False
+    return handle
+
+
+def _loss_to_compile(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], weights: torch.Tensor,
+                     lstm_horizon_len: int) -> dict[str, torch.Tensor]:
+    hp: dict[str, Any] = dict(zip(LOSS_WEIGHTS.values(), weights.unbind(0)))
+    hp["lstm_horizon_len"] = lstm_horizon_len
+    return _loss_terms_stacked(model, dict(model.named_parameters()), dict(model.named_buffers()), batch, hp)
+
+
+def compiled_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], hp: Mapping[str, Any]
+                  ) -> dict[str, torch.Tensor] | None:
+    """The fast path's `loss_terms` with the model's own parameters, through `torch.compile`
+    (inductor, C++ wrapper; the backward of the result is compiled too). The batch dimension is
+    dynamic: one graph serves every batch size. Returns None where the model runs eagerly: over
+    `MAX_COMPILED_GRAPHS` architectures in this process, its compile failed (warned once), or another
+    process is compiling the same graph right now (`_compile_lock`; this one tries again at its next
+    update and then loads the graph from the disk cache instead of compiling it a second time)."""
+    H = int(hp["lstm_horizon_len"])
+    key = _graph_key(model, H)
+    graphs = _compiled["graphs"]
+    if key in _compiled["failed"] or (key not in graphs and len(graphs) >= MAX_COMPILED_GRAPHS):
+        return None
+    lock = None
+    if key not in graphs:
+        lock = _compile_lock(key)
+        if lock is False:  # another process is compiling this graph: train eagerly until it is in the cache
+            return None
+    if _compiled["fn"] is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir()
+        # our own cap decides which architectures compile; dynamo's per-function limit must not cut in first
+        from torch._dynamo import config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 2 * MAX_COMPILED_GRAPHS + 2)
+        _compiled["fn"] = torch.compile(_loss_to_compile, options={"cpp_wrapper": True})
+    from torch import _dynamo  # imported on first use: a second of import time no eager process needs
+
+    for tensor in batch.values():
+        _dynamo.mark_dynamic(tensor, 0)
+    ref = next(model.parameters())
+    weights = torch.tensor([float(hp[n]) for n in LOSS_WEIGHTS.values()], dtype=ref.dtype, device=ref.device)
+    t0 = time.perf_counter()
+    try:
+        terms = _compiled["fn"](model, batch, weights, H)
+    except Exception as err:  # any compiler failure: this architecture trains eagerly
+        _compiled["failed"].add(key)
+        warnings.warn(f"torch.compile of the EfficientZero loss failed ({type(err).__name__}: {err}); "
+                      "this architecture trains eagerly", RuntimeWarning, stacklevel=2)
+        return None
+    finally:
+        if lock:
+            lock.close()  # releases the flock
+    if key not in graphs:
+        graphs[key] = time.perf_counter() - t0
+    return terms
+
+
 def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
                ) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """`loss_terms` in the shape `evo.fused.FusedGroup` trains: `(params, buffers, batch, scalars) ->
@@ -320,15 +447,18 @@ def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
 
 
 def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: torch.optim.Optimizer, replay: Replay,
-           batch: Batch, hp: Mapping[str, Any], step: int) -> dict[str, float]:
+           batch: Batch, hp: Mapping[str, Any], step: int, compile: bool = False) -> dict[str, float]:
     """Update number `step` (counting from 1): one Adam step on `loss_terms` with the model's own
     parameters, gradient norm clipped at `grad_clip`; the target network copies the model every
     `target_update_interval` updates; the sampled windows get priorities |V(o_0) - z_0| + 1e-6.
+    With `compile` (fast path only) the loss and its backward run through `compiled_loss`.
     Returns the loss terms, `loss_total`, `grad_norm` and `target_value_mean`."""
     model.train()
-    weights = {name: float(hp[name]) for name in LOSS_WEIGHTS.values()}
-    terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
-                       {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
+    terms = compiled_loss(model, batch.tensors, hp) if compile and _path == "fast" else None
+    if terms is None:
+        weights = {name: float(hp[name]) for name in LOSS_WEIGHTS.values()}
+        terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
+                           {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()

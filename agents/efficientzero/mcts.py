@@ -377,7 +377,7 @@ class BatchedMCTS:
     def __init__(self, config: MCTSConfig) -> None:
         self.config = config
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, model: SearchModel, obs: torch.Tensor | np.ndarray, rng: np.random.Generator | None = None,
             add_noise: bool = False, num_simulations: int | None = None) -> SearchResult:
         cfg = self.config
@@ -398,7 +398,7 @@ class BatchedMCTS:
                       max_considered_actions=np.full(B, cfg.max_considered_actions))
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions and views)
 def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.ndarray, simulations: np.ndarray,
            lstm_horizon_len: int, noise: Callable[[int], np.ndarray] | None = None,
            exploration_fractions: np.ndarray | None = None, value_min_max_delta: float = 0.01,

@@ -36,20 +36,21 @@ def nstep_value_targets(rewards: np.ndarray, terminals: np.ndarray, mask: np.nda
     rewards = np.where(mask, rewards, 0.0).astype(np.float64)
     values = values.astype(np.float64)
     nxt = np.concatenate([mask[:, 1:], np.zeros((B, 1), bool)], axis=1)  # row t+1 exists
-    targets = np.zeros((B, num_positions))
-    for i in range(num_positions):
-        z = np.zeros(B)
-        alive = mask[:, i].copy()
-        for j in range(td_steps):
-            idx = i + j
-            g = discount ** j
-            ends_here = alive & ~terminals[:, idx] & ~nxt[:, idx]   # no successor stored: back off
-            z += np.where(ends_here, g * values[:, idx], 0.0)
-            add = alive & ~ends_here
-            z += np.where(add, g * rewards[:, idx], 0.0)
-            alive = add & ~terminals[:, idx]
-        z += np.where(alive, discount ** td_steps * values[:, i + td_steps], 0.0)
-        targets[:, i] = z
+    # all positions at once, one horizon step j at a time: row i + j of position i is column j + i of the
+    # [B, P] slices; each target adds its terms in the order of j, as a loop over positions would
+    P = num_positions
+    z = np.zeros((B, P))
+    alive = mask[:, :P].copy()
+    for j in range(td_steps):
+        g = discount ** j
+        term, succ = terminals[:, j: j + P], nxt[:, j: j + P]
+        ends_here = alive & ~term & ~succ   # no successor stored: back off
+        z += np.where(ends_here, g * values[:, j: j + P], 0.0)
+        add = alive & ~ends_here
+        z += np.where(add, g * rewards[:, j: j + P], 0.0)
+        alive = add & ~term
+    z += np.where(alive, discount ** td_steps * values[:, td_steps: td_steps + P], 0.0)
+    targets = z
     return targets, mask[:, :num_positions].copy()
 
 
