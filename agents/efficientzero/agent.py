@@ -94,6 +94,12 @@ class EfficientZeroAgent(TorchAgent):
             # train positions past a terminal as an absorbing state (value 0, no reward; LightZero) instead
             # of masking them out of the value and value-prefix losses (opt-in until measured)
             "absorbing_terminal": HParam(False),
+            # temporally-extended exploration when collecting (selfplay.ExtendedExploration, Dabney et al.
+            # 2021's ez-greedy): per step, with probability explore_epsilon a random action held for
+            # n ~ zeta(explore_duration_mu) steps (at most explore_max_duration); 0 = the search's actions only
+            "explore_epsilon": HParam(0.0, min=0.0, max=0.5),
+            "explore_duration_mu": HParam(2.0, min=1.0, max=3.0),
+            "explore_max_duration": HParam(100, kind="int"),
         }
 
     @classmethod
