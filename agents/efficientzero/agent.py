@@ -100,6 +100,8 @@ class EfficientZeroAgent(TorchAgent):
             "explore_epsilon": HParam(0.0, min=0.0, max=0.5),
             "explore_duration_mu": HParam(2.0, min=1.0, max=3.0),
             "explore_max_duration": HParam(100, kind="int"),
+            # env i of n explores with explore_epsilon ** (1 + explore_spread * i / (n - 1)) (Ape-X's spectrum)
+            "explore_spread": HParam(0.0, min=0.0, max=8.0),
         }
 
     @classmethod

@@ -154,7 +154,7 @@ class SelfPlay:
         ep_steps, returns = self.ep_steps, self.ep_returns
         finished: list[float] = []
         temperature = float(hp["collect_temperature"])
-        explore = ExtendedExploration.from_hparams(hp, int(pool.envs[0].action_space.n))
+        explore = ExtendedExploration.from_hparams(hp, int(pool.envs[0].action_space.n), n)
         collected = 0
         while collected < steps:
             result = yield obs
@@ -236,22 +236,31 @@ class ExtendedExploration:
     otherwise the search's action is played. The search still runs at every step and its policy
     is stored as the target: only the action played differs. `epsilon` 0 draws nothing from the RNG
     (collection is then exactly the search's). Dithering (n = 1 always) is what `mu` → ∞ gives;
-    a small `mu` holds an action long enough to change a state's momentum (MountainCar's swing)."""
+    a small `mu` holds an action long enough to change a state's momentum (MountainCar's swing).
 
-    def __init__(self, epsilon: float, mu: float, max_duration: int, num_actions: int) -> None:
+    `spread` gives the member's envs a spectrum of epsilons as Ape-X's actors (Horgan et al. 2018):
+    env i of n explores with epsilon ** (1 + spread * i / (n - 1)), so env 0 explores most and the
+    last almost not at all (spread 0: every env at `epsilon`)."""
+
+    def __init__(self, epsilon: float, mu: float, max_duration: int, num_actions: int, num_envs: int = 1,
+                 spread: float = 0.0) -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"hparams.explore_epsilon: expected a probability in [0, 1], found {epsilon}")
         if max_duration < 1:
             raise ValueError(f"hparams.explore_max_duration: expected at least 1, found {max_duration}")
+        if spread < 0:
+            raise ValueError(f"hparams.explore_spread: expected at least 0, found {spread}")
         self.epsilon, self.num_actions = float(epsilon), int(num_actions)
+        rank = np.arange(num_envs) / max(num_envs - 1, 1)
+        self.epsilons = float(epsilon) ** (1.0 + float(spread) * rank)
         n = np.arange(1, int(max_duration) + 1, dtype=np.float64)
         p = n ** -float(mu)
         self.cdf = np.cumsum(p / p.sum())
 
     @classmethod
-    def from_hparams(cls, hp: Mapping[str, Any], num_actions: int) -> ExtendedExploration:
+    def from_hparams(cls, hp: Mapping[str, Any], num_actions: int, num_envs: int = 1) -> ExtendedExploration:
         return cls(float(hp.get("explore_epsilon", 0.0)), float(hp.get("explore_duration_mu", 2.0)),
-                   int(hp.get("explore_max_duration", 100)), num_actions)
+                   int(hp.get("explore_max_duration", 100)), num_actions, num_envs, float(hp.get("explore_spread", 0.0)))
 
     def durations(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """`size` draws of n ~ zeta(mu) truncated to 1..max_duration."""
@@ -264,7 +273,7 @@ class ExtendedExploration:
             return actions
         out = np.array(actions, copy=True)
         for i in range(len(out)):
-            if left[i] <= 0 and rng.random() < self.epsilon:
+            if left[i] <= 0 and rng.random() < self.epsilons[min(i, len(self.epsilons) - 1)]:
                 held[i] = int(rng.integers(self.num_actions))
                 left[i] = int(self.durations(rng, 1)[0])
             if left[i] > 0:
