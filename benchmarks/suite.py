@@ -62,6 +62,17 @@ TASKS: dict[str, dict[str, Any]] = {
                                          "env_steps": 10_000_000}},
 }
 
+def task_name(text: str) -> str:
+    """A suite task's name from its name or its file's env id, any case (`MountainCar-v0` -> mountaincar)."""
+    if text in TASKS:
+        return text
+    for name, spec in TASKS.items():
+        env_id = tomllib.loads((ROOT / spec["file"]).read_text())["agent"]["task"]["env_id"]
+        if text.lower() in (name, env_id.lower()):
+            return name
+    raise argparse.ArgumentTypeError(f"unknown task {text!r}: expected one of {list(TASKS)} or their env ids")
+
+
 QUICK = {"population": {"size": 2, "generations": 1, "steps_per_generation": 64},
          "task": {"eval_episodes": 2, "eval_max_steps": 50, "min_replay": 32, "num_envs": 4},
          "hparams": {"num_simulations": 4, "batch_size": 16}}
@@ -287,7 +298,8 @@ def _commit() -> str | None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every task tiny (the smoke test; about a minute)")
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), type=task_name,
+                        help=f"suite names ({', '.join(TASKS)}) or their env ids (MountainCar-v0, MinAtar/Breakout-v1)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0..K-1 per task")
     parser.add_argument("--reuse", action="store_true", help="continue from --json: keep finished runs, go on with partial ones")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop a run after the generation past this")

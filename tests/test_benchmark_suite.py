@@ -6,6 +6,7 @@ and the random baseline's starts. The learning thresholds are `slow` tests: the 
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -65,3 +66,10 @@ def test_suite_task_meets_its_target(tmp_path, name):
     results = suite.main(["--tasks", name, "--no-peer", "--json", str(tmp_path / "suite.json")])
     v = results["tasks"][name]["verdict"]
     assert v["complete"] and all(v["met"]), v
+
+
+def test_tasks_are_named_by_suite_name_or_env_id():
+    assert [suite.task_name(t) for t in ("MountainCar-v0", "mountaincar", "MinAtar/Breakout-v1", "CartPole-v1")] == \
+        ["mountaincar", "mountaincar", "minatar_breakout", "cartpole"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown task"):
+        suite.task_name("Pong")

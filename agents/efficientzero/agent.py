@@ -97,6 +97,16 @@ class EfficientZeroAgent(TorchAgent):
             # train positions past a terminal as an absorbing state (value 0, no reward; LightZero) instead
             # of masking them out of the value and value-prefix losses (opt-in until measured)
             "absorbing_terminal": HParam(False),
+            # temporally-extended exploration when collecting (selfplay.ExtendedExploration, Dabney et al.
+            # 2021's ez-greedy): per step, with probability explore_epsilon a random action held for
+            # n ~ zeta(explore_duration_mu) steps (at most explore_max_duration); 0 = the search's actions only.
+            # Fixed unless a file gives a range (as experiments/cartpole_efficientzero.toml does), so files
+            # that do not mention them evolve exactly what they did before
+            "explore_epsilon": HParam(0.0),
+            "explore_duration_mu": HParam(2.0),
+            "explore_max_duration": HParam(100, kind="int"),
+            # env i of n explores with explore_epsilon ** (1 + explore_spread * i / (n - 1)) (Ape-X's spectrum)
+            "explore_spread": HParam(0.0),
         }
 
     @classmethod

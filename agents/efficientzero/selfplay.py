@@ -30,7 +30,7 @@ from agents.efficientzero.envs import EnvPool
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult, select_actions
 from evo.replay import Field, Replay, Schema
 
-__all__ = ["SelfPlay", "replay_schema", "drive", "chosen_actions", "EPISODE_SHIFT"]
+__all__ = ["SelfPlay", "replay_schema", "drive", "chosen_actions", "EPISODE_SHIFT", "ExtendedExploration"]
 
 #: episode ids are (member index << EPISODE_SHIFT) | the member's episode counter: unique in a run
 EPISODE_SHIFT = 40
@@ -83,6 +83,8 @@ class SelfPlay:
         self._carried: Mapping[str, Any] | None = None  # a saved state, restored on the next segment
         n = int(task["num_envs"])
         self.ep_steps, self.ep_returns = [0] * n, [0.0] * n  # of the episodes in flight
+        # temporally-extended exploration in flight (`explore_epsilon`): steps left and the action held
+        self.repeat_left, self.repeat_action = [0] * n, [0] * n
         self.carry_restarts = 0
         atari = task.get("atari") or {}
         self._clip_rewards = bool(atari.get("clip_rewards", False))
@@ -93,7 +95,8 @@ class SelfPlay:
         if self._pool is None:
             return None if self._carried is None else dict(self._carried)
         return {"pool": self._pool.snapshot(), "ep_steps": list(self.ep_steps), "ep_returns": list(self.ep_returns),
-                "carry_restarts": self.carry_restarts}
+                "carry_restarts": self.carry_restarts, "repeat_left": list(self.repeat_left),
+                "repeat_action": list(self.repeat_action)}
 
     def load_state(self, state: Mapping[str, Any] | None) -> None:
         """Continue the episodes of `state` (a `state()`) at the next segment."""
@@ -102,6 +105,9 @@ class SelfPlay:
             self.ep_steps = [int(v) for v in state["ep_steps"]]
             self.ep_returns = [float(v) for v in state["ep_returns"]]
             self.carry_restarts = int(state.get("carry_restarts", 0))
+            n = len(self.ep_steps)
+            self.repeat_left = [int(v) for v in state.get("repeat_left", [0] * n)]
+            self.repeat_action = [int(v) for v in state.get("repeat_action", [0] * n)]
 
     def _training_pool(self, rng: np.random.Generator) -> EnvPool:
         """The member's envs: built on first use, then either the carried episodes replayed or fresh ones."""
@@ -111,7 +117,7 @@ class SelfPlay:
                 self._pool.reset_all(rng)
             else:
                 for i in self._pool.restore(self._carried["pool"], rng):
-                    self.ep_steps[i], self.ep_returns[i] = 0, 0.0
+                    self.ep_steps[i], self.ep_returns[i], self.repeat_left[i] = 0, 0.0, 0
                 self.carry_restarts += self._pool.restarts
             self._carried = None
         return self._pool
@@ -148,10 +154,11 @@ class SelfPlay:
         ep_steps, returns = self.ep_steps, self.ep_returns
         finished: list[float] = []
         temperature = float(hp["collect_temperature"])
+        explore = ExtendedExploration.from_hparams(hp, int(pool.envs[0].action_space.n), n)
         collected = 0
         while collected < steps:
             result = yield obs
-            actions = chosen_actions(result, temperature, rng)
+            actions = explore.apply(chosen_actions(result, temperature, rng), self.repeat_left, self.repeat_action, rng)
             for i in range(n):
                 _, reward, term, trunc, life_lost = pool.step(i, int(actions[i]))
                 life_end = life_lost and self._life_terminal and not term
@@ -170,7 +177,7 @@ class SelfPlay:
                     returns[i] = 0.0
                     _flush(replay, rows, ep_ids[i])
                     buffers[i] = _empty_rows()
-                    ep_ids[i], ep_steps[i] = self._new_episode_id(member_index), 0
+                    ep_ids[i], ep_steps[i], self.repeat_left[i] = self._new_episode_id(member_index), 0, 0
                     pool.reset(i, rng)
                 elif life_end or len(rows["obs"]) >= self.task["segment_length"]:
                     _flush(replay, rows, ep_ids[i])
@@ -220,6 +227,59 @@ class SelfPlay:
                 done[i] = term or trunc or capped[i]
         return {"eval_return": float(returns.mean()), "eval_return_std": float(returns.std()),
                 "eval_length": float(lengths.mean()), "eval_truncated": float(capped.mean())}
+
+
+class ExtendedExploration:
+    """Temporally-extended epsilon-greedy ("ez-greedy", Dabney, Ostrovski & Barreto 2021): at each
+    step of an env not already exploring, with probability `epsilon` a uniformly random action is
+    drawn and held for n steps, n from a zeta (power-law) distribution P(n) ∝ n^-mu on 1..`max_duration`;
+    otherwise the search's action is played. The search still runs at every step and its policy
+    is stored as the target: only the action played differs. `epsilon` 0 draws nothing from the RNG
+    (collection is then exactly the search's). Dithering (n = 1 always) is what `mu` → ∞ gives;
+    a small `mu` holds an action long enough to change a state's momentum (MountainCar's swing).
+
+    `spread` gives the member's envs a spectrum of epsilons as Ape-X's actors (Horgan et al. 2018):
+    env i of n explores with epsilon ** (1 + spread * i / (n - 1)), so env 0 explores most and the
+    last almost not at all (spread 0: every env at `epsilon`)."""
+
+    def __init__(self, epsilon: float, mu: float, max_duration: int, num_actions: int, num_envs: int = 1,
+                 spread: float = 0.0) -> None:
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"hparams.explore_epsilon: expected a probability in [0, 1], found {epsilon}")
+        if max_duration < 1:
+            raise ValueError(f"hparams.explore_max_duration: expected at least 1, found {max_duration}")
+        if spread < 0:
+            raise ValueError(f"hparams.explore_spread: expected at least 0, found {spread}")
+        self.epsilon, self.num_actions = float(epsilon), int(num_actions)
+        rank = np.arange(num_envs) / max(num_envs - 1, 1)
+        self.epsilons = float(epsilon) ** (1.0 + float(spread) * rank)
+        n = np.arange(1, int(max_duration) + 1, dtype=np.float64)
+        p = n ** -float(mu)
+        self.cdf = np.cumsum(p / p.sum())
+
+    @classmethod
+    def from_hparams(cls, hp: Mapping[str, Any], num_actions: int, num_envs: int = 1) -> ExtendedExploration:
+        return cls(float(hp.get("explore_epsilon", 0.0)), float(hp.get("explore_duration_mu", 2.0)),
+                   int(hp.get("explore_max_duration", 100)), num_actions, num_envs, float(hp.get("explore_spread", 0.0)))
+
+    def durations(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """`size` draws of n ~ zeta(mu) truncated to 1..max_duration."""
+        return np.minimum(np.searchsorted(self.cdf, rng.random(size), side="right"), len(self.cdf) - 1) + 1
+
+    def apply(self, actions: np.ndarray, left: list[int], held: list[int], rng: np.random.Generator | None) -> np.ndarray:
+        """The actions to play given the search's `actions`; `left` / `held` (per env: steps of the
+        current option left, its action) are updated in place."""
+        if self.epsilon <= 0.0 or rng is None:
+            return actions
+        out = np.array(actions, copy=True)
+        for i in range(len(out)):
+            if left[i] <= 0 and rng.random() < self.epsilons[min(i, len(self.epsilons) - 1)]:
+                held[i] = int(rng.integers(self.num_actions))
+                left[i] = int(self.durations(rng, 1)[0])
+            if left[i] > 0:
+                out[i] = held[i]
+                left[i] -= 1
+        return out
 
 
 def chosen_actions(result: SearchResult, temperature: float, rng: np.random.Generator | None) -> np.ndarray:
