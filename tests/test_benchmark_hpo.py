@@ -147,6 +147,24 @@ def test_bootstrap_interval_resolves_a_clear_difference_and_not_noise():
     assert out["evo-random"]["final_best"]["difference"] == 300.0 and out["horizon_seconds"] == 9.0
 
 
+def test_the_shared_window_does_not_charge_a_later_first_report():
+    """Two strategies that find the same members, one reporting its first point later: the plain areas
+    differ (the late one is at the floor until it reports), the shared-window areas do not."""
+    from benchmarks.hpo.stats import auc, compare
+
+    prompt = [[800, 10.0, 0.95], [1600, 20.0, 0.97], [4000, 50.0, 0.98]]
+    late = [[1000, 15.0, 0.95], [1600, 20.0, 0.97], [4000, 50.0, 0.98]]
+    assert auc(late, 0, 4000, start=1000) == pytest.approx((0.95 * 600 + 0.97 * 2400) / 3000)
+    assert auc(prompt, 0, 4000, start=1000) == pytest.approx(auc(late, 0, 4000, start=1000))  # a point before start counts
+    out = compare({"evo": [{"curve": prompt, "final_best": 0.98}] * 3,
+                   "random": [{"curve": late, "final_best": 0.98}] * 3}, budget=4000)
+    assert out["shared_window_start"] == {"steps": 1000.0, "seconds": 15.0}
+    diff = out["evo-random"]
+    assert diff["auc_steps"]["difference"] > 0.04 and diff["auc_seconds"]["difference"] > 0.09
+    assert diff["auc_steps_shared"]["difference"] == pytest.approx(0.0)
+    assert diff["auc_seconds_shared"]["difference"] == pytest.approx(0.0)
+
+
 def test_an_async_curve_takes_a_point_every_population_of_rounds():
     from benchmarks.hpo.evo_strategy import CurveObserver
 

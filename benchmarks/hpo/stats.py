@@ -6,7 +6,9 @@ curve is the running maximum (what a person who kept the best member so far hold
 function; the area under it up to a horizon, divided by the horizon, is the mean best-so-far over
 the budget (`auc`), in fitness units: a strategy that reaches a good member early has a larger
 area than one that reaches it at the end. Before a curve's first point the best-so-far is the
-`floor` (the task's worst fitness).
+`floor` (the task's worst fitness). The `_shared` areas start at the latest first point of any run
+(`shared_window_start`): there every run's best-so-far is measured, so a strategy that reports its
+first point later is compared on what it found, not charged the floor for the wait.
 
 Differences between strategies are reported with a percentile bootstrap over seeds: each
 strategy's seeds are resampled with replacement (independently: seeds are not paired across
@@ -25,20 +27,22 @@ import numpy as np
 __all__ = ["auc", "bootstrap_difference", "compare"]
 
 
-def auc(curve: Sequence[Sequence[float]], axis: int, horizon: float, floor: float = 0.0) -> float | None:
-    """Mean best-so-far fitness over [0, horizon] along `axis` (0: steps, 1: seconds); None without points."""
-    if not curve or horizon <= 0:
+def auc(curve: Sequence[Sequence[float]], axis: int, horizon: float, floor: float = 0.0,
+        start: float = 0.0) -> float | None:
+    """Mean best-so-far fitness over [start, horizon] along `axis` (0: steps, 1: seconds); None without
+    points. Points before `start` count toward the best-so-far at `start`."""
+    if not curve or horizon <= start:
         return None
-    area, best, x_prev = 0.0, floor, 0.0
+    area, best, x_prev = 0.0, floor, start
     for point in sorted(curve, key=lambda p: p[axis]):
-        x = min(float(point[axis]), horizon)
+        x = min(max(float(point[axis]), start), horizon)
         area += best * max(0.0, x - x_prev)
         x_prev = max(x_prev, x)
         best = max(best, float(point[2]))
         if x >= horizon:
             break
     area += best * max(0.0, horizon - x_prev)
-    return area / horizon
+    return area / (horizon - start)
 
 
 def bootstrap_difference(a: Sequence[float], b: Sequence[float], stat: Callable[[np.ndarray], float] = np.median,
@@ -64,13 +68,21 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
     def ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in runs if r.get("curve") and "error" not in r]
 
-    horizon_s = max((float(p[1]) for runs in strategies.values() for r in ok(runs) for p in r["curve"]), default=0.0)
+    runs_ok = [r for runs in strategies.values() for r in ok(runs)]
+    horizon_s = max((float(p[1]) for r in runs_ok for p in r["curve"]), default=0.0)
+    # the shared window: from the latest first point of any run, so every run's best-so-far there is
+    # measured, not the floor — a strategy whose first report comes later is not charged the floor
+    # for that gap (on randomwalks that gap alone made the plain areas differ "significantly")
+    start = [max((min(float(p[axis]) for p in r["curve"]) for r in runs_ok), default=0.0) for axis in (0, 1)]
     per: dict[str, dict[str, list[float | None]]] = {}
     for name, runs in strategies.items():
         per[name] = {"final_best": [r.get("final_best") for r in ok(runs)],
                      "auc_steps": [auc(r["curve"], 0, budget, floor) for r in ok(runs)],
-                     "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in ok(runs)]}
-    out: dict[str, Any] = {"horizon_seconds": horizon_s, "per_strategy": {
+                     "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in ok(runs)],
+                     "auc_steps_shared": [auc(r["curve"], 0, budget, floor, start[0]) for r in ok(runs)],
+                     "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in ok(runs)]}
+    out: dict[str, Any] = {"horizon_seconds": horizon_s, "shared_window_start": {"steps": start[0], "seconds": start[1]},
+                           "per_strategy": {
         name: {k: (float(np.median([x for x in v if x is not None])) if any(x is not None for x in v) else None)
                for k, v in m.items()} for name, m in per.items()}}
     if reference not in per:
@@ -79,5 +91,5 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
         if peer == reference:
             continue
         out[f"{reference}-{peer}"] = {k: bootstrap_difference(per[reference][k], per[peer][k])
-                                      for k in ("final_best", "auc_steps", "auc_seconds")}
+                                      for k in per[reference]}
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
