@@ -1,6 +1,6 @@
 """One EfficientZero agent learning CartPole-v1 on this machine.
 
-    python -m benchmarks.efficientzero [--quick] --json OUT.json
+    python -m benchmarks.efficientzero [--quick] [--seed S] [--path fast|baseline] --json OUT.json
 
 Trains in chunks of `--eval-every` environment steps and after each chunk evaluates 10 greedy
 episodes (MCTS, no noise). Fields: env_steps_to_195 and wall_s_to_195 (the first evaluation with
@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from agents.efficientzero import learner
 from agents.efficientzero.agent import EfficientZeroAgent
 from evo.agent import AgentContext
 from evo.replay import build_replay
@@ -35,7 +36,10 @@ def main() -> None:
     parser.add_argument("--max-seconds", type=float, default=540.0)
     parser.add_argument("--eval-every", type=int, default=1000)
     parser.add_argument("--keep-going", action="store_true", help="train on after reaching 195")
+    parser.add_argument("--path", default="fast", choices=learner.PATHS,
+                        help="the learner's loss path (`learner.set_path`): the fast default or the baseline it replaced")
     args = parser.parse_args()
+    learner.set_path(args.path)
     torch.set_num_threads(1)
     max_seconds = 60.0 if args.quick else args.max_seconds
     replay = build_replay(EfficientZeroAgent.replay_spec(TASK), args.seed, distributed=False)
@@ -63,6 +67,7 @@ def main() -> None:
         "env_id": "CartPole-v1",
         "quick": args.quick,
         "seed": args.seed,
+        "learner_path": args.path,
         "env_steps_to_195": solved["env_steps"] if solved else None,
         "wall_s_to_195": solved["wall_s"] if solved else None,
         "final_eval_return": last,
