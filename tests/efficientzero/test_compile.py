@@ -31,6 +31,21 @@ def _random_outputs(model, seed):
                 mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, dtype=mod.weight.dtype) * 0.3)
 
 
+def _failing_compiler(monkeypatch, message):
+    """torch.compile replaced by one whose compiled function raises `message` (as a missing C++
+    compiler would); returns the list that records each call of a compiled function."""
+    calls = []
+
+    def broken_compile(fn, **kwargs):
+        def run(*args, **kw):
+            calls.append(1)
+            raise RuntimeError(message)
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    return calls
+
+
 def _two_updates(agent, batch, compile):
     model, target = copy.deepcopy(agent.model), copy.deepcopy(agent.target_model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
@@ -72,15 +87,7 @@ def test_over_the_graph_cap_a_member_trains_eagerly(fresh_compile_state, monkeyp
 def test_a_failed_compile_falls_back_to_eager_once(fresh_compile_state, monkeypatch):
     """A compiler that fails (here torch.compile's result raising, as a missing C++ compiler would):
     one warning, the architecture is remembered as eager, and the update equals the eager one."""
-    calls = []
-
-    def broken_compile(fn, **kwargs):
-        def run(*args, **kw):
-            calls.append(1)
-            raise RuntimeError("no C++ compiler")
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    calls = _failing_compiler(monkeypatch, "no C++ compiler")
     agent = make(seed=0)
     agent.train(60)
     batch = learner.sample_batch(agent.replay, agent.target_model, agent.hparams, agent.rng)
@@ -154,15 +161,7 @@ def test_while_another_process_compiles_the_graph_the_member_trains_eagerly(fres
     update compiles (here: a compiler that fails, so the fallback shows that it was tried)."""
     pytest.importorskip("fcntl")  # POSIX: elsewhere there is no lock
 
-    calls = []
-
-    def broken_compile(fn, **kwargs):
-        def run(*args, **kw):
-            calls.append(1)
-            raise RuntimeError("compiler tried")
-        return run
-
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    calls = _failing_compiler(monkeypatch, "compiler tried")
     monkeypatch.setattr(learner, "_USER_CACHE_DIR", str(tmp_path))
     agent = make(seed=0)
     agent.train(60)
