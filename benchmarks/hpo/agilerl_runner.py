@@ -45,9 +45,9 @@ class BudgetSpent(Exception):
     """Raised from the evolution-step hook once the population has trained on the whole budget."""
 
 
-def greedy_return(agent, episodes: int, seed: int) -> float:
+def greedy_return(agent, env_id: str, episodes: int, seed: int) -> float:
     """Mean return of `episodes` greedy episodes (one per env of a vector env), AgileRL's own actions."""
-    env = gym.vector.SyncVectorEnv([lambda: gym.make(ENV_ID) for _ in range(episodes)])
+    env = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(episodes)])
     obs, _ = env.reset(seed=seed)
     scores, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
     agent.set_training_mode(False)
@@ -70,7 +70,6 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--env-id", default=ENV_ID, help="the gymnasium id (benchmarks.suite: the classic-control tasks)")
     args = parser.parse_args()
-    globals()["ENV_ID"] = args.env_id  # greedy_return and the vector envs below read it
 
     import agilerl
     from agilerl.algorithms.core.registry import HyperparameterConfig, RLParameter
@@ -85,7 +84,7 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.set_num_threads(1)
     hp, mp = dict(INIT_HP, EVO_STEPS=args.evo_steps), MUTATION_PARAMS
-    env = make_vect_envs(ENV_ID, num_envs=hp["NUM_ENVS"])
+    env = make_vect_envs(args.env_id, num_envs=hp["NUM_ENVS"])
     hp_config = HyperparameterConfig(
         lr=RLParameter(min=mp["MIN_LR"], max=mp["MAX_LR"]),
         batch_size=RLParameter(min=mp["MIN_BATCH_SIZE"], max=mp["MAX_BATCH_SIZE"], dtype=int),
@@ -114,7 +113,7 @@ def main() -> None:
         agents = list(self.agents)
         fitness = [float(a.fitness[-1]) if len(a.fitness) else float("-inf") for a in agents]
         best = agents[int(np.argmax(fitness))]
-        score = greedy_return(best, args.eval_episodes, seed=10_000 + record["rounds"])
+        score = greedy_return(best, args.env_id, args.eval_episodes, seed=10_000 + record["rounds"])
         clock["paused"] += time.perf_counter() - t_eval
         seconds = time.perf_counter() - clock["start"] - clock["paused"]
         steps = record["rounds"] * steps_per_round
@@ -127,7 +126,7 @@ def main() -> None:
     Population.increment_evo_step = at_evolution_step
     clock["start"] = time.perf_counter()
     try:
-        train_off_policy(env, ENV_ID, hp["ALGO"], pop, memory=memory, init_hp=hp, mut_p=mp,
+        train_off_policy(env, args.env_id, hp["ALGO"], pop, memory=memory, init_hp=hp, mut_p=mp,
                          max_steps=10 * args.budget,  # the hook stops the run when the budget is spent
                          evo_steps=args.evo_steps, eval_steps=hp["EVAL_STEPS"], eval_loop=hp["EVAL_LOOP"],
                          learning_delay=hp["LEARNING_DELAY"], eps_start=hp["EPS_START"], eps_end=hp["EPS_END"],
@@ -147,7 +146,7 @@ def main() -> None:
         "benchmark_eval_seconds_excluded": round(clock["paused"], 2),
         "versions": {"agilerl": agilerl.__version__ if hasattr(agilerl, "__version__") else _version("agilerl"),
                      "torch": torch.__version__, "gymnasium": gym.__version__},
-        "settings": {"INIT_HP": hp, "MUTATION_PARAMS": mp, "NET_CONFIG": NET_CONFIG, "env_id": ENV_ID,
+        "settings": {"INIT_HP": hp, "MUTATION_PARAMS": mp, "NET_CONFIG": NET_CONFIG, "env_id": args.env_id,
                      "steps_per_round": steps_per_round},
         "pid": os.getpid(),
     }
