@@ -1,7 +1,7 @@
 """The EfficientZero task suite: every task's evo run beside a random policy, a peer and an anchor.
 
     python -m benchmarks.suite [--quick] [--tasks cartpole mountaincar ...] [--seeds K] [--reuse]
-                               [--max-minutes M] [--no-peer] --json OUT [--plot PNG]
+                               [--max-minutes M] [--no-peer | --peer-seeds K] --json OUT [--plot PNG]
 
 Per task (experiments/suite/<task>.toml, population 4) and seed 0..K-1, an ordinary evo run
 (RunStore under runs/suite/, the file's backend) records a curve point at every committed
@@ -10,7 +10,8 @@ fitness, its mean return over the file's `eval_episodes` (10) greedy evaluation 
 it, on the same evaluation starts (the run seed's), **a random policy** (uniform actions, 10
 episodes under the same step cap), **a peer** for the classic-control tasks (AgileRL's DQN
 population through benchmarks/hpo/agilerl_runner.py in `.venv-agilerl`, its shipped config with
-the env id changed, on the same env-step budget; skipped with the reason recorded if its venv
+the env id changed, on the same env-step budget, seed 0 or seeds 0..K-1 with `--peer-seeds K`, each
+evo seed judged against the peer run of its own seed; skipped with the reason recorded if its venv
 cannot be made) and **an anchor** (published numbers, `ANCHORS`). Verdicts against the issue's
 targets are in each task's `verdict`.
 
@@ -225,10 +226,16 @@ def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
                            "complete": bool(runs) and not any(r.get("partial") for r in runs)}
     if rnd is not None:
         out["x_random"] = [round(f / rnd, 2) if rnd > 0 else None for f in finals]
-    peer = entry.get("peer", {})
-    if peer.get("final_best") is not None:
-        out["above_peer"] = [f > peer["final_best"] for f in finals]
+    peers = [peer_for(entry, r["seed"]) for r in runs]
+    if peers and all(p.get("final_best") is not None for p in peers):
+        out["peer_finals"] = [p["final_best"] for p in peers]
+        out["above_peer"] = [f > p["final_best"] for f, p in zip(finals, peers)]
     return out
+
+
+def peer_for(entry: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The peer's run of `seed` where `--peer-seeds` ran one, else seed 0's (`entry["peer"]`)."""
+    return next((p for p in entry.get("peer_more", []) if p.get("seed") == seed), entry.get("peer", {}))
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -247,10 +254,10 @@ def plot(results: dict[str, Any], path: str) -> None:
             c = np.asarray(run["curve"])
             if len(c):
                 ax.plot(c[:, 0], c[:, 2], marker="o", ms=3, label=f"evo EZ seed {run['seed']}")
-        peer = entry.get("peer", {})
-        if peer.get("curve"):
-            c = np.asarray(peer["curve"])
-            ax.plot(c[:, 0], c[:, 2], ls="--", label="AgileRL DQN")
+        for peer in [entry.get("peer", {}), *entry.get("peer_more", [])]:
+            if peer.get("curve"):
+                c = np.asarray(peer["curve"])
+                ax.plot(c[:, 0], c[:, 2], ls="--", label=f"AgileRL DQN seed {peer.get('seed', 0)}")
         if "random" in entry:
             ax.axhline(entry["random"]["mean"], color="grey", ls=":", label="random")
         target = entry.get("verdict", {}).get("target")
@@ -269,12 +276,13 @@ def table(results: dict[str, Any]) -> str:
     rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
             "| anchor | target | met | load at start/end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["tasks"].items():
-        v, peer = entry.get("verdict", {}), entry.get("peer", {})
-        peer_text = f"{peer['final_best']:.1f}" if peer.get("final_best") is not None else \
-            f"skipped ({peer.get('skipped', 'not run')[:40]})"
+        v = entry.get("verdict", {})
         for run in entry.get("runs", []):
             if not run.get("curve"):
                 continue
+            peer = peer_for(entry, run["seed"])
+            peer_text = f"{peer['final_best']:.1f} (seed {peer.get('seed', 0)})" if peer.get("final_best") is not None \
+                else f"skipped ({peer.get('skipped', 'not run')[:40]})"
             steps, wall, best = run["curve"][-1]
             peak = max(p[2] for p in run["curve"])
             met = "partial" if run.get("partial") else ("yes" if v.get("target") is not None and best >= v["target"]
@@ -304,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--reuse", action="store_true", help="continue from --json: keep finished runs, go on with partial ones")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop a run after the generation past this")
     parser.add_argument("--no-peer", action="store_true", help="skip AgileRL (recorded as skipped)")
+    parser.add_argument("--peer-seeds", type=int, default=1,
+                        help="AgileRL seeds 0..K-1 (each evo seed is compared with the peer's run of the same seed)")
     parser.add_argument("--json", required=True)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--table", action="store_true", help="print --json's results as a markdown table and stop")
@@ -357,8 +367,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             entry["peer"] = {"skipped": "MinAtar: the published curve is the anchor (no peer run)"}
         elif args.quick or args.no_peer:
             entry["peer"] = {"skipped": "--quick" if args.quick else "--no-peer"}
-        elif not entry.get("peer", {}).get("curve"):
-            entry["peer"] = run_peer(name, 0, exp.task["env_id"], budget, exp.population.steps_per_generation)
+        else:
+            if not entry.get("peer", {}).get("curve"):
+                entry["peer"] = run_peer(name, 0, exp.task["env_id"], budget, exp.population.steps_per_generation)
+            more = [p for p in entry.get("peer_more", []) if p.get("curve")]
+            for seed in range(1, args.peer_seeds):
+                if not any(p["seed"] == seed for p in more):
+                    more.append({"seed": seed, **run_peer(name, seed, exp.task["env_id"], budget,
+                                                          exp.population.steps_per_generation)})
+                    entry["peer_more"] = sorted(more, key=lambda p: p["seed"])
+                    save()
         entry["budget"] = budget
         entry["verdict"] = verdict(name, entry)
         entry["task_wall_s_this_call"] = round(time.perf_counter() - t0, 1)

@@ -73,3 +73,25 @@ def test_tasks_are_named_by_suite_name_or_env_id():
         ["mountaincar", "mountaincar", "minatar_breakout", "cartpole"]
     with pytest.raises(argparse.ArgumentTypeError, match="unknown task"):
         suite.task_name("Pong")
+
+
+def test_each_seed_is_judged_against_the_peer_run_of_its_seed():
+    """`--peer-seeds K` stores seeds 1..K-1 beside seed 0's peer run; the verdict and the table pair
+    every evo seed with the peer's run of the same seed, and fall back to seed 0's where there is none."""
+    def curve(final):
+        return [[1000, 1.0, final - 1.0], [2000, 2.0, final]]
+
+    entry = {"runs": [{"seed": s, "curve": curve(f), "final_best": f, "budget": 2000} for s, f in
+                      [(0, 500.0), (1, 451.4), (2, 400.3)]],
+             "random": {"mean": 23.3}, "anchor": {"text": "anchor", "return": 500.0},
+             "peer": {"curve": curve(497.6), "final_best": 497.6},
+             "peer_more": [{"seed": 1, "curve": curve(375.3), "final_best": 375.3}]}
+    v = suite.verdict("cartpole", entry)
+    assert v["peer_finals"] == [497.6, 375.3, 497.6]
+    assert v["above_peer"] == [True, True, False]
+    entry["verdict"] = v
+    rows = suite.table({"tasks": {"cartpole": entry}}).splitlines()[2:]
+    assert ["497.6 (seed 0)" in rows[0], "375.3 (seed 1)" in rows[1], "497.6 (seed 0)" in rows[2]] == [True] * 3
+    # a peer that was skipped gives no above/below verdict
+    entry["peer"], entry["peer_more"] = {"skipped": "--no-peer"}, []
+    assert "above_peer" not in suite.verdict("cartpole", entry)
