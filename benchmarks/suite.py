@@ -1,7 +1,8 @@
 """The EfficientZero task suite: every task's evo run beside a random policy, a peer and an anchor.
 
-    python -m benchmarks.suite [--quick] [--tasks cartpole mountaincar ...] [--seeds K] [--reuse]
-                               [--max-minutes M] [--no-peer | --peer-seeds K] --json OUT [--plot PNG]
+    python -m benchmarks.suite [--quick] [--tasks cartpole mountaincar ...] [--seeds K] [--first-seed S]
+                               [--set KEY=VALUE ...] [--reuse] [--max-minutes M]
+                               [--no-peer | --peer-seeds K] --json OUT [--plot PNG]
 
 Per task (experiments/suite/<task>.toml, population 4) and seed 0..K-1, an ordinary evo run
 (RunStore under runs/suite/, the file's backend) records a curve point at every committed
@@ -21,6 +22,10 @@ clock carried on. `--max-minutes` stops a run after the first generation past th
 wall time (the run is marked partial; `--reuse` goes on from there). `--quick` shrinks every task to
 a population of 2, one generation of 64 steps per member, 2 evaluation episodes of at most 50 steps,
 inline backend, no peer: every task's whole pipeline in about a minute in all (the smoke test).
+
+`--set KEY=VALUE` (repeatable, as `evo run --set`) changes every task's file for an ablation: the
+overrides are recorded in OUT, the runs get their own RunStores (`_v<hash>` names), and `--reuse`
+refuses an OUT made with other overrides. `--first-seed S` runs seeds S..S+K-1 (held-out seeds).
 """
 
 from __future__ import annotations
@@ -80,13 +85,15 @@ QUICK = {"population": {"size": 2, "generations": 1, "steps_per_generation": 64}
 
 
 # ---------------------------------------------------------------------------------------------
-def load_task(name: str, seed: int, quick: bool):
-    """The task's experiment (with the benchmark's seed; shrunk under --quick) and its TOML text."""
-    from evo.spec import parse_experiment
+def load_task(name: str, seed: int, quick: bool, overrides: dict[str, Any] | None = None):
+    """The task's experiment (with the benchmark's seed and `overrides`; shrunk under --quick) and its TOML text."""
+    from evo.spec import apply_overrides, parse_experiment
 
     path = ROOT / TASKS[name]["file"]
     text = path.read_text()
-    data = tomllib.loads(text)
+    data = apply_overrides(tomllib.loads(text), overrides, str(path))
+    if overrides:
+        text += f"\n# benchmarks.suite --set: {json.dumps(overrides)}\n"
     data["seed"] = seed
     if quick:
         data["backend"] = "inline"
@@ -123,15 +130,24 @@ class _Stop(Exception):
     """--max-minutes reached after a committed generation."""
 
 
+def variant_suffix(overrides: dict[str, Any] | None) -> str:
+    """'' for the files as they are, else `_v` + 8 hex digits of the overrides (a RunStore of its own)."""
+    if not overrides:
+        return ""
+    import hashlib
+
+    return "_v" + hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
+
+
 def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, max_minutes: float | None,
-            on_point) -> dict[str, Any]:
+            on_point, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """One evo run of the task (continued from its RunStore when `previous` holds a partial curve)."""
     from benchmarks.hpo.evo_strategy import CurveObserver
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
-    exp, text = load_task(name, seed, quick)
-    run_name = f"{name}_s{seed}{'_quick' if quick else ''}"
+    exp, text = load_task(name, seed, quick, overrides)
+    run_name = f"{name}_s{seed}{variant_suffix(overrides)}{'_quick' if quick else ''}"
     tmp = tempfile.TemporaryDirectory(prefix="evo-suite-") if quick else None
     runs_dir = Path(tmp.name) if tmp else RUNS_DIR
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -308,7 +324,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="every task tiny (the smoke test; about a minute)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), type=task_name,
                         help=f"suite names ({', '.join(TASKS)}) or their env ids (MountainCar-v0, MinAtar/Breakout-v1)")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..K-1 per task")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds S..S+K-1 per task (S: --first-seed)")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of every task's file (as `evo run --set`), recorded in --json")
     parser.add_argument("--reuse", action="store_true", help="continue from --json: keep finished runs, go on with partial ones")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop a run after the generation past this")
     parser.add_argument("--no-peer", action="store_true", help="skip AgileRL (recorded as skipped)")
@@ -318,6 +337,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--plot", default=None)
     parser.add_argument("--table", action="store_true", help="print --json's results as a markdown table and stop")
     args = parser.parse_args(argv)
+    from evo.spec import SpecError, parse_override
+
+    try:
+        overrides = dict(parse_override(text) for text in args.set)
+    except SpecError as exc:
+        parser.error(str(exc))
     if args.table:
         results = json.loads(Path(args.json).read_text())
         print(table(results))
@@ -333,6 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"tasks": {}}
     if args.reuse and out.exists():
         results = json.loads(out.read_text())
+        if results.get("overrides", {}) != overrides:
+            parser.error(f"--reuse: {out} was made with --set {results.get('overrides', {})}, not {overrides}")
+    results["overrides"] = overrides
     results.update({"command": "python -m benchmarks.suite " + " ".join(sys.argv[1:] if argv is None else argv),
                     "commit": _commit(), "quick": args.quick, "machine": machine()})
 
@@ -344,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         entry = results["tasks"].setdefault(name, {"runs": []})
         entry.update({"file": TASKS[name]["file"], "anchor": TASKS[name]["anchor"]})
         t0 = time.perf_counter()
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             prev = next((r for r in entry["runs"] if r["seed"] == seed), None)
             if prev is not None and not prev.get("partial"):
                 continue
@@ -353,12 +381,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 entry["runs"] = [r for r in entry["runs"] if r["seed"] != seed] + [partial_run]
                 save()
 
-            run = run_evo(name, seed, args.quick, prev, args.max_minutes, on_point)
+            run = run_evo(name, seed, args.quick, prev, args.max_minutes, on_point, overrides)
             entry["runs"] = sorted([r for r in entry["runs"] if r["seed"] != seed] + [run], key=lambda r: r["seed"])
             print(f"suite {name} seed {seed}: final best {run['final_best']} after {run['curve'][-1][0]} env steps, "
                   f"{run['wall_s']} s{' (partial)' if run['partial'] else ''}", flush=True)
             save()
-        exp, _ = load_task(name, 0, args.quick)
+        exp, _ = load_task(name, 0, args.quick, overrides)
         if "random" not in entry or args.quick:
             task = exp.task
             entry["random"] = random_policy(task, exp.seed, max(10, int(task["eval_episodes"])), int(task["eval_max_steps"]))

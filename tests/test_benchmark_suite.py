@@ -95,3 +95,24 @@ def test_each_seed_is_judged_against_the_peer_run_of_its_seed():
     # a peer that was skipped gives no above/below verdict
     entry["peer"], entry["peer_more"] = {"skipped": "--no-peer"}, []
     assert "above_peer" not in suite.verdict("cartpole", entry)
+
+
+def test_set_overrides_an_ablation_with_its_own_runs_and_first_seed(tmp_path):
+    """`--set` changes the task's file for the run (recorded in the JSON and in the run's stored
+    experiment), gives the runs their own names, and `--reuse` refuses a JSON of other overrides;
+    `--first-seed` runs held-out seeds."""
+    out = tmp_path / "ablation.json"
+    argv = ["--quick", "--tasks", "cartpole", "--first-seed", "3", "--set", "agent.hparams.replay_ratio=0.5",
+            "--set", "population.steps_per_generation=48", "--json", str(out)]
+    results = suite.main(argv)
+    assert results["overrides"] == {"agent.hparams.replay_ratio": 0.5, "population.steps_per_generation": 48}
+    (run,) = results["tasks"]["cartpole"]["runs"]
+    assert run["seed"] == 3 and run["curve"][-1][0] == 2 * 64  # --quick sets the steps after the overrides
+    exp, text = suite.load_task("cartpole", 3, False, results["overrides"])
+    assert exp.hparam_space["replay_ratio"].value == 0.5 and exp.seed == 3
+    assert "benchmarks.suite --set" in text
+    assert suite.variant_suffix(results["overrides"]).startswith("_v") and suite.variant_suffix({}) == ""
+    with pytest.raises(SystemExit):
+        suite.main(["--quick", "--reuse", "--tasks", "cartpole", "--json", str(out)])
+    with pytest.raises(SystemExit):
+        suite.main(["--quick", "--tasks", "cartpole", "--set", "population", "--json", str(out)])
