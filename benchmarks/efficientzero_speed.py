@@ -1,7 +1,7 @@
 """EfficientZero's learner: baseline, fast path and compiled fast path, side by side in one process.
 
     python -m benchmarks.efficientzero_speed [--quick] [--only learner,cartpole,minatar]
-        [--arms baseline,fast,compiled] --json OUT.json
+        [--arms baseline,fast,compiled] [--allocator default|keep|ab [--rounds R]] --json OUT.json
 
 Three arms: "baseline" (`learner.use_path("baseline")`, the step-by-step code), "fast" (the default
 eager path; float64 equality with the baseline: tests/efficientzero/test_fast_path.py) and "compiled"
@@ -23,6 +23,13 @@ fast, compiled, compiled, fast, baseline, ... — so load from other processes f
   four times one after the other: compile "off", "on" with an empty inductor cache (cold), "on" again
   with that cache (warm), "off" again; each run's wall seconds, generation seconds, the members'
   summed `compile_seconds`, the distinct architectures trained, the elite's score and the load.
+
+The allocator (evo/allocator.py) is a setting of the whole process, so it cannot alternate inside
+one: `--allocator default` runs with glibc's malloc as it is (EVO_ALLOCATOR=default: how every figure
+before it was measured), `keep` with freed memory kept (what members get), and `ab` runs the chosen
+sections in child processes, default then keep, `--rounds` times (default 2), and reports each arm's
+median over the rounds and its ratio to the baseline arm under the default allocator
+(`ratio_vs_default_baseline`: "today's" member, the issue's yardstick).
 
 Every window records wall seconds and this process's CPU seconds (`time.process_time`: on a loaded
 machine the CPU seconds are the steadier measure of the work) and the load average; each side's
@@ -222,6 +229,43 @@ def main_job_section(quick: bool, generations: int | None = None) -> dict[str, A
     return out
 
 
+def allocator_ab(args: argparse.Namespace) -> dict[str, Any]:
+    """The sections in child processes, `--allocator default` then `keep`, `args.rounds` times; each
+    (allocator, section, arm): the median over rounds of the per-process medians (CPU and wall), and its
+    ratio to the default allocator's baseline arm."""
+    import subprocess
+    import sys
+    import tempfile
+
+    children: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="evo-alloc-ab-") as tmp:
+        for r in range(args.rounds):
+            for mode in ("default", "keep") if r % 2 == 0 else ("keep", "default"):
+                path = Path(tmp) / f"{r}-{mode}.json"
+                cmd = [sys.executable, "-m", "benchmarks.efficientzero_speed", "--only", args.only, "--arms", args.arms,
+                       "--allocator", mode, "--json", str(path), *(["--quick"] if args.quick else [])]
+                if args.cache_dir:
+                    cmd += ["--cache-dir", args.cache_dir]
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+                subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+                children.append({"round": r, "allocator": mode, **json.loads(path.read_text())})
+    summary: dict[str, Any] = {}
+    for section in [s.strip() for s in args.only.split(",") if s.strip()]:
+        rows: dict[str, Any] = {}
+        for mode in ("default", "keep"):
+            for arm_name in args.arms.split(","):
+                got = [c[section][arm_name] for c in children if c["allocator"] == mode and arm_name in c.get(section, {})]
+                if got:
+                    rows[f"{arm_name}_{mode}"] = {clock: round(statistics.median(g[f"median_{clock}"] for g in got), 2)
+                                                  for clock in ("cpu", "wall")}
+        base = rows.get("baseline_default")
+        for row in rows.values() if base else ():
+            row["ratio_vs_default_baseline"] = {clock: round(row[clock] / base[clock], 3) for clock in ("cpu", "wall")}
+        summary[section] = rows
+    return {"allocator": "ab", "rounds": args.rounds, "quick": args.quick, "sections": args.only, "arms": args.arms,
+            "summary": summary, "children": children, "loadavg_end": list(os.getloadavg())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about a minute on an idle 2-core machine")
@@ -230,18 +274,36 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=None, help="inductor's cache (TORCHINDUCTOR_CACHE_DIR) for this run")
     parser.add_argument("--generations", type=int, default=None, help="mainjob: generations per run (default: "
                         "the experiment's 6, 3 with --quick)")
+    parser.add_argument("--allocator", default="keep", choices=("default", "keep", "ab"),
+                        help="glibc malloc as it is, freed memory kept (evo/allocator.py), or both in child processes")
+    parser.add_argument("--rounds", type=int, default=2, help="--allocator ab: default/keep process pairs")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms: expected some of {','.join(ARMS)}, found {args.arms!r}")
+    if args.allocator == "ab":
+        out = allocator_ab(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        print(json.dumps(out["summary"], indent=1))
+        return
+    if args.allocator == "default":
+        os.environ["EVO_ALLOCATOR"] = "default"
+    else:
+        from evo.allocator import keep_freed_memory
+
+        keep_freed_memory()
     if args.cache_dir:
         from agents.efficientzero import learner
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = learner._USER_CACHE_DIR = os.path.abspath(args.cache_dir)
     torch.set_num_threads(1)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    from evo.allocator import allocator_state
+
     out: dict[str, Any] = {"quick": args.quick, "arms": list(arms), "torch": torch.__version__,
+                           "allocator": args.allocator, "allocator_state": allocator_state(),
                            "python": platform.python_version(),
                            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "loadavg_start": list(os.getloadavg())}

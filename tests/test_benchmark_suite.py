@@ -62,7 +62,7 @@ def test_random_policy_faces_the_evaluation_starts():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["cartpole"])
 def test_suite_task_meets_its_target(tmp_path, name):
-    """The issue's target on one seed at the file's budget (CartPole: about 30 minutes on 2 idle cores)."""
+    """The issue's target on one seed at the file's budget (CartPole: about 4 minutes on 2 idle cores)."""
     results = suite.main(["--tasks", name, "--no-peer", "--json", str(tmp_path / "suite.json")])
     v = results["tasks"][name]["verdict"]
     assert v["complete"] and all(v["met"]), v

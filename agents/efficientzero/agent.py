@@ -34,6 +34,7 @@ from agents.efficientzero.mcts import SEARCH_KINDS
 from agents.efficientzero.model import build_model
 from agents.efficientzero.selfplay import SelfPlay, replay_schema
 from evo.agent import AgentContext, Evaluation, TorchAgent
+from evo.allocator import keep_freed_memory
 from evo.evolvable import ACTIVATIONS, load_optimizer_state, optimizer_state, remap_optimizer
 from evo.hparams import HParam
 from evo.records import MutationRecord
@@ -271,6 +272,7 @@ class EfficientZeroAgent(TorchAgent):
     # ---- training and evaluation ------------------------------------------------------------
     def train(self, steps: int) -> dict[str, float]:
         torch.set_num_threads(1)
+        keep_freed_memory()  # once per process; a member built outside a scheduler gets it too
         learned: dict[str, list[float]] = {}
         compiled0 = learner.compile_stats()["compile_seconds"]
         t0 = time.perf_counter()

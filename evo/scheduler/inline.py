@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from evo.agent import Agent, AgentContext, clone_tree
+from evo.allocator import keep_freed_memory
 from evo.faults import Failure, ResourceRequestError
 from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
@@ -47,6 +48,7 @@ class InlineScheduler:
         train and evaluate as one program (docs/fused.md)."""
         self.context = context
         self.fused = fused
+        keep_freed_memory()  # members train in this process: no page faults per update (evo/allocator.py)
         if threads:
             import torch
 

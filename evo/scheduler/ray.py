@@ -43,6 +43,7 @@ import numpy as np
 
 from evo import interrupts
 from evo.agent import Agent, AgentContext
+from evo.allocator import keep_freed_memory
 from evo.faults import Failure
 from evo.fused.remote import FusedJobs
 from evo.observer import RunObserver
@@ -104,6 +105,7 @@ class _MemberWorker:
         import torch
 
         start = time.perf_counter()
+        keep_freed_memory()  # no page faults per update in the worker (evo/allocator.py)
         torch.set_num_threads(max(1, threads))
         self.cls = agent_class
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
