@@ -54,6 +54,8 @@ from typing import Any
 
 import torch
 
+from evo.allocator import allocator_state, keep_freed_memory
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
                "minatar": "experiments/minatar_breakout_efficientzero.toml"}
@@ -247,6 +249,7 @@ def allocator_ab(args: argparse.Namespace) -> dict[str, Any]:
                 if args.cache_dir:
                     cmd += ["--cache-dir", args.cache_dir]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+                env.pop("EVO_ALLOCATOR", None)  # the child's --allocator decides, not this shell's opt-out
                 subprocess.run(cmd, cwd=ROOT, env=env, check=True)
                 children.append({"round": r, "allocator": mode, **json.loads(path.read_text())})
     summary: dict[str, Any] = {}
@@ -290,18 +293,13 @@ def main() -> None:
         return
     if args.allocator == "default":
         os.environ["EVO_ALLOCATOR"] = "default"
-    else:
-        from evo.allocator import keep_freed_memory
-
-        keep_freed_memory()
+    keep_freed_memory()  # honours EVO_ALLOCATOR, so allocator_state() below says which one ran
     if args.cache_dir:
         from agents.efficientzero import learner
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = learner._USER_CACHE_DIR = os.path.abspath(args.cache_dir)
     torch.set_num_threads(1)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    from evo.allocator import allocator_state
-
     out: dict[str, Any] = {"quick": args.quick, "arms": list(arms), "torch": torch.__version__,
                            "allocator": args.allocator, "allocator_state": allocator_state(),
                            "python": platform.python_version(),
