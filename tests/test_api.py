@@ -198,7 +198,8 @@ def test_inline_members_train_on_cuda(tmp_path: Path) -> None:
     from evo.spec import load_experiment
 
     exp, _ = load_experiment(Path(__file__).parents[1] / "experiments" / "cartpole_efficientzero.toml",
-                             {"resources.gpus_per_member": 1, "population.size": 1, "backend": "inline"})
+                             {"resources.gpus_per_member": 1, "population.size": 1,
+                              "selection.tournament_size": 1, "backend": "inline"})
     scheduler, context = start_backend(exp, "inline")
     agent = initial_population(exp, context)[0].agent
     results = scheduler.run_generation([agent], 64)
