@@ -37,6 +37,10 @@ median and best are reported with the ratios of each arm to the baseline (`ratio
 as before; `ratio_compiled_*`: compiled / baseline; `ratio_compiled_fast_*`: compiled / fast). One
 torch thread, as members train. `--cache-dir DIR` points inductor's cache elsewhere (an empty directory
 measures a cold compile).
+
+`--device cuda` builds the members on the GPU (their networks, search inference and batches; the
+environments stay on the CPU) and waits for the GPU at the end of each window; there the wall clock is
+the measure, since a process's CPU seconds count only its own side of the work.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
 
 
 def build_member(name: str, seed: int = 0) -> Any:
-    """The experiment's first member (the file's hyperparameter values), with a private store."""
+    """The experiment's first member (the file's hyperparameter values), with a private store, on `DEVICE`."""
     from evo.agent import AgentContext
     from evo.replay import build_replay
     from evo.spec import load_experiment
@@ -70,10 +74,11 @@ def build_member(name: str, seed: int = 0) -> Any:
     exp, _ = load_experiment(ROOT / EXPERIMENTS[name], {"seed": seed})
     replay = build_replay(exp.agent_class.replay_spec(exp.task), seed, distributed=False)
     return exp.agent_class.create(exp.arch, {n: hp.value for n, hp in exp.hparam_space.items()}, seed, 0,
-                                  AgentContext(task=exp.task, replay=replay, seed=seed))
+                                  AgentContext(task=exp.task, replay=replay, seed=seed, device=DEVICE))
 
 
 ARMS = ("baseline", "fast", "compiled")
+DEVICE = "cpu"  # --device: where members' networks live
 
 
 @contextlib.contextmanager
@@ -101,6 +106,8 @@ def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str,
                 load = os.getloadavg()[0]
                 w0, c0 = time.perf_counter(), time.process_time()
                 work()
+                if DEVICE.startswith("cuda"):
+                    torch.cuda.synchronize()
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             windows[name].append({"wall_s": wall, "cpu_s": cpu, "load1": load,
                                   "per_s_wall": units / wall, "per_s_cpu": units / max(cpu, 1e-9)})
@@ -280,8 +287,13 @@ def main() -> None:
     parser.add_argument("--allocator", default="keep", choices=("default", "keep", "ab"),
                         help="glibc malloc as it is, freed memory kept (evo/allocator.py), or both in child processes")
     parser.add_argument("--rounds", type=int, default=2, help="--allocator ab: default/keep process pairs")
+    parser.add_argument("--device", default="cpu", help="where members' networks live: cpu, cuda, cuda:N")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {DEVICE}: this machine has no CUDA device")
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms: expected some of {','.join(ARMS)}, found {args.arms!r}")
@@ -302,7 +314,8 @@ def main() -> None:
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     out: dict[str, Any] = {"quick": args.quick, "arms": list(arms), "torch": torch.__version__,
                            "allocator": args.allocator, "allocator_state": allocator_state(),
-                           "python": platform.python_version(),
+                           "python": platform.python_version(), "device": DEVICE,
+                           "device_name": torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else None,
                            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Fused population training vs the per-member loop, side by side in one process.
 
-    python -m benchmarks.fused [--quick] [--compile] --json OUT.json
+    python -m benchmarks.fused [--quick] [--compile] [--device cuda] --json OUT.json
 
 * learner: EfficientZero gradient updates (CartPole experiment's networks, batch 128, unroll 5)
   for N members, one by one (torch.optim.Adam + clip_grad_norm_) vs one `FusedGroup.step`
@@ -17,6 +17,8 @@
 
 Timings alternate loop and fused in short windows and keep each side's best window, so load
 from other processes on the machine hurts both sides alike. One torch thread.
+`--device cuda`: the learner section's networks and batches live on the GPU, each timing window
+waits for it (self-play and the generation stay on the CPU).
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ ARCH = {"variant": "mlp", "latent_size": 64, "width": 64, "blocks": [64], "lstm_
         "value_support": 25, "reward_support": 5}
 WEIGHTS = {"value_weight": 0.25, "policy_weight": 1.0, "value_prefix_weight": 1.0, "consistency_weight": 2.0}
 B, K, H, A = 128, 5, 5, 2
+DEVICE = "cpu"  # --device: where the learner section's networks and batches live
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work, so a timing window counts it (nothing to wait for on the CPU)."""
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def best_rate(fn, work: float, windows: int, seconds: float) -> float:
@@ -51,6 +60,7 @@ def best_rate(fn, work: float, windows: int, seconds: float) -> float:
         while True:
             fn()
             n += 1
+            sync()
             dt = time.perf_counter() - t
             if dt >= seconds:
                 break
@@ -62,7 +72,7 @@ def models(n: int, dtype: torch.dtype) -> list[torch.nn.Module]:
     arch = EfficientZeroAgent.validate_arch(ARCH)
     from agents.efficientzero.model import build_model
 
-    return [build_model((4,), A, arch, torch.Generator().manual_seed(i)).to(dtype) for i in range(n)]
+    return [build_model((4,), A, arch, torch.Generator().manual_seed(i)).to(dtype).to(DEVICE) for i in range(n)]
 
 
 def batches(n: int, dtype: torch.dtype, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -76,7 +86,7 @@ def batches(n: int, dtype: torch.dtype, seed: int = 0) -> list[dict[str, torch.T
                     "policy_target": torch.softmax(torch.randn(B, K + 1, A, generator=g, dtype=dtype), -1),
                     "valid": torch.ones(B, K + 1, dtype=dtype), "mask": torch.ones(B, K, dtype=dtype),
                     "weights": torch.rand(B, generator=g, dtype=dtype)})
-    return out
+    return [{k: v.to(DEVICE) for k, v in b.items()} for b in out]
 
 
 class Loop:
@@ -209,15 +219,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: learner,selfplay,generation")
     parser.add_argument("--sizes", default="", help="comma-separated N for the learner and self-play (default: "
                         "1,4,16,64; --quick: 1,4,16 and 4,16)")
+    parser.add_argument("--device", default="cpu", help="the learner section's device: cpu, cuda, cuda:N")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {DEVICE}: this machine has no CUDA device")
     torch.set_num_threads(1)
     skip = set(filter(None, args.skip.split(",")))
     chosen = [int(x) for x in args.sizes.split(",") if x]
     sizes = chosen or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
     windows, seconds = (2, 1.5) if args.quick else (3, 3.0)
     out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                           "threads": torch.get_num_threads(), "quick": args.quick}
+                           "threads": torch.get_num_threads(), "quick": args.quick, "device": DEVICE,
+                           "device_name": torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else None}
     if "learner" not in skip:
         out["learner"] = []
         for n in sizes:
