@@ -88,6 +88,10 @@ NO_MUTATION = {"mutation.no_mutation": 1.0, "mutation.architecture": 0.0, "mutat
 ASYNC = {"population.mode": "async", "selection.equal_compute": "env_steps",
          "selection.secondary": "train_episode_return", "selection.founder_lines": 2}
 
+# `evo-seconds`: evo (sync) with every tournament judged at equal member-seconds (evo/compute.py), so
+# selection cannot favour members that buy their score with more updates per env step
+EQUAL_SECONDS = {"selection.equal_compute": "member_seconds"}
+
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
         overrides: dict[str, Any] | None = None, regime: str = "tuned") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """One strategy on one seed, in a process of its own (its own Ray, nothing left behind):
 
-    python -m benchmarks.hpo.strategy --strategy evo|evo-async|random|pbt|pb2|agilerl|evo-nomut --seed 0 \
+    python -m benchmarks.hpo.strategy --strategy evo|evo-async|random|pbt|pb2|agilerl|evo-nomut|evo-seconds --seed 0 \
         --task cartpole [--regime tuned|scratch] [--quick] --out R.json
 """
 
@@ -16,7 +16,9 @@ from benchmarks.hpo.common import summarise, task
 # the run order within a seed: PB2, the extra, last; evo-async is evo's asynchronous mode (evo_strategy.ASYNC)
 STRATEGIES = ("evo", "evo-async", "random", "pbt", "agilerl", "pb2")
 # evo with one part switched off, to tell which part of evo a result comes from; run only when named
-ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only"}
+ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only",
+             "evo-seconds": "evo judging members at equal member-seconds (selection.equal_compute): "
+                            "a member that spends more seconds per env step must earn them"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
@@ -32,10 +34,11 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
             with open(partial, "w") as fh:
                 json.dump(record, fh)
 
-    if name in ("evo", "evo-nomut", "evo-async"):
+    if name in ("evo", "evo-nomut", "evo-async", "evo-seconds"):
         from benchmarks.hpo import evo_strategy
 
-        overrides = {"evo-nomut": evo_strategy.NO_MUTATION, "evo-async": evo_strategy.ASYNC}.get(name, {})
+        overrides = {"evo-nomut": evo_strategy.NO_MUTATION, "evo-async": evo_strategy.ASYNC,
+                     "evo-seconds": evo_strategy.EQUAL_SECONDS}.get(name, {})
         out = evo_strategy.run(t, seed, on_point=on_point, overrides=overrides, regime=regime)
     elif name in ("random", "pbt", "pb2"):
         from benchmarks.hpo import tune_strategies
