@@ -147,7 +147,7 @@ def main() -> None:
                   flush=True)
             report["ratios"] = ratios(report)
             report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
-                                 for ref in ("evo", "evo-async") if ref in report["strategies"]}
+                                 for ref in ("evo", "evo-async", "evo-seconds") if ref in report["strategies"]}
             report["machine"]["loadavg_now"] = list(os.getloadavg())
             Path(args.json).write_text(json.dumps(report, indent=2, default=str))
             if args.plot:
