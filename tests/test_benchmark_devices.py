@@ -14,13 +14,15 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has
 
 
 @no_cuda
-def test_fused_refuses_cuda_without_a_device() -> None:
+def test_fused_refuses_cuda_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "DEVICE", "cpu")  # main() sets the module's DEVICE: restored after the test
     with pytest.raises(SystemExit, match="--device cuda: this machine has no CUDA device"):
         fused.main(["--device", "cuda", "--skip", "learner,selfplay,generation"])
 
 
 @no_cuda
 def test_speed_refuses_cuda_without_a_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(efficientzero_speed, "DEVICE", "cpu")  # main() sets it: restored after the test
     monkeypatch.setattr(sys, "argv", ["efficientzero_speed", "--device", "cuda:1", "--only", "learner"])
     with pytest.raises(SystemExit, match="--device cuda:1: this machine has no CUDA device"):
         efficientzero_speed.main()
