@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.devices import checked_device, device_name, wait_for
 from evo.allocator import allocator_state, keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,8 +107,7 @@ def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str,
                 load = os.getloadavg()[0]
                 w0, c0 = time.perf_counter(), time.process_time()
                 work()
-                if DEVICE.startswith("cuda"):
-                    torch.cuda.synchronize()
+                wait_for(DEVICE)
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             windows[name].append({"wall_s": wall, "cpu_s": cpu, "load1": load,
                                   "per_s_wall": units / wall, "per_s_cpu": units / max(cpu, 1e-9)})
@@ -252,7 +252,8 @@ def allocator_ab(args: argparse.Namespace) -> dict[str, Any]:
             for mode in ("default", "keep") if r % 2 == 0 else ("keep", "default"):
                 path = Path(tmp) / f"{r}-{mode}.json"
                 cmd = [sys.executable, "-m", "benchmarks.efficientzero_speed", "--only", args.only, "--arms", args.arms,
-                       "--allocator", mode, "--json", str(path), *(["--quick"] if args.quick else [])]
+                       "--allocator", mode, "--device", args.device, "--json", str(path),
+                       *(["--quick"] if args.quick else [])]
                 if args.cache_dir:
                     cmd += ["--cache-dir", args.cache_dir]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -291,9 +292,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     global DEVICE
-    DEVICE = args.device
-    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {DEVICE}: this machine has no CUDA device")
+    DEVICE = checked_device(args.device)
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS for a in arms):
         raise SystemExit(f"--arms: expected some of {','.join(ARMS)}, found {args.arms!r}")
@@ -315,7 +314,7 @@ def main() -> None:
     out: dict[str, Any] = {"quick": args.quick, "arms": list(arms), "torch": torch.__version__,
                            "allocator": args.allocator, "allocator_state": allocator_state(),
                            "python": platform.python_version(), "device": DEVICE,
-                           "device_name": torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else None,
+                           "device_name": device_name(DEVICE),
                            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()

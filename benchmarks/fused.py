@@ -37,6 +37,7 @@ from agents.efficientzero import learner
 from agents.efficientzero.agent import EfficientZeroAgent
 from agents.efficientzero.fused import FusedEfficientZero, StackedSearchModel, search_members
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
+from benchmarks.devices import checked_device, device_name, wait_for
 from evo.fused import FusedGroup, stack_batches
 
 ARCH = {"variant": "mlp", "latent_size": 64, "width": 64, "blocks": [64], "lstm_hidden_size": 64,
@@ -44,12 +45,6 @@ ARCH = {"variant": "mlp", "latent_size": 64, "width": 64, "blocks": [64], "lstm_
 WEIGHTS = {"value_weight": 0.25, "policy_weight": 1.0, "value_prefix_weight": 1.0, "consistency_weight": 2.0}
 B, K, H, A = 128, 5, 5, 2
 DEVICE = "cpu"  # --device: where the learner section's networks and batches live
-
-
-def sync() -> None:
-    """Wait for the GPU's queued work, so a timing window counts it (nothing to wait for on the CPU)."""
-    if DEVICE.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def best_rate(fn, work: float, windows: int, seconds: float) -> float:
@@ -60,7 +55,7 @@ def best_rate(fn, work: float, windows: int, seconds: float) -> float:
         while True:
             fn()
             n += 1
-            sync()
+            wait_for(DEVICE)
             dt = time.perf_counter() - t
             if dt >= seconds:
                 break
@@ -223,9 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     global DEVICE
-    DEVICE = args.device
-    if DEVICE.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {DEVICE}: this machine has no CUDA device")
+    DEVICE = checked_device(args.device)
     torch.set_num_threads(1)
     skip = set(filter(None, args.skip.split(",")))
     chosen = [int(x) for x in args.sizes.split(",") if x]
@@ -233,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     windows, seconds = (2, 1.5) if args.quick else (3, 3.0)
     out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "quick": args.quick, "device": DEVICE,
-                           "device_name": torch.cuda.get_device_name(DEVICE) if DEVICE.startswith("cuda") else None}
+                           "device_name": device_name(DEVICE)}
     if "learner" not in skip:
         out["learner"] = []
         for n in sizes:
