@@ -126,6 +126,27 @@ def random_policy(task: dict[str, Any], run_seed: int, episodes: int, cap: int, 
     return {"mean": float(returns.mean()), "std": float(returns.std()), "episodes": episodes, "step_cap": cap}
 
 
+#: held-out evaluation of a finished run: this many fresh episodes from the run seed + HELDOUT_SEED_OFFSET
+HELDOUT_EPISODES = 50
+
+
+def heldout(store, exp, episodes: int) -> dict[str, Any]:
+    """A finished run's last elite and its best kept checkpoint (highest score over the run),
+    evaluated afresh on `episodes` episodes from starts the run never selected on (`evo.heldout`),
+    with a random policy on the same starts. The run's own curve scores every member on the same 10
+    starts and keeps the best: its final is a maximum of noisy estimates; this is not."""
+    from evo.heldout import HELDOUT_SEED_OFFSET, evaluate_member
+
+    seed = exp.seed + HELDOUT_SEED_OFFSET
+    keep = ("member", "generation", "fitness", "run_fitness", "run_score", "seconds")
+    last = evaluate_member(store, episodes=episodes, seed=seed)
+    best = evaluate_member(store, best=True, episodes=episodes, seed=seed)
+    return {"episodes": episodes, "seed": seed,
+            "last_elite": {k: last[k] for k in keep} | {"std": last["metrics"].get("eval_return_std")},
+            "best_checkpoint": {k: best[k] for k in keep} | {"std": best["metrics"].get("eval_return_std")},
+            "random": random_policy(exp.task, seed, episodes, int(exp.task["eval_max_steps"]))}
+
+
 class _Stop(Exception):
     """--max-minutes reached after a committed generation."""
 
@@ -139,6 +160,35 @@ def variant_suffix(overrides: dict[str, Any] | None) -> str:
     return "_v" + hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
 
 
+def store_name(name: str, seed: int, quick: bool, overrides: dict[str, Any] | None) -> str:
+    """The RunStore's name of a task's run under RUNS_DIR."""
+    return f"{name}_s{seed}{variant_suffix(overrides)}{'_quick' if quick else ''}"
+
+
+def add_heldout(name: str, run: dict[str, Any], overrides: dict[str, Any] | None) -> None:
+    """`heldout` for a finished run of an earlier call (--reuse), from its RunStore under RUNS_DIR,
+    or the reason it cannot be had."""
+    from evo.runstore import RunStore
+
+    path = RUNS_DIR / store_name(name, run["seed"], False, overrides)
+    if not path.exists():
+        run["heldout"] = {"skipped": f"its RunStore ({path}) is no longer on this machine"}
+        return
+    exp, _ = load_task(name, run["seed"], False, overrides)
+    store = RunStore.open(path, read_only=True)
+    try:
+        # the store must hold this very run (a later call of another JSON may have reused its name)
+        best = {}
+        for row in store.all_evaluations():
+            best[row["generation"]] = max(best.get(row["generation"], -np.inf), row["fitness"])
+        if [best.get(g) for g in range(len(run["curve"]))] != [p[2] for p in run["curve"]]:
+            run["heldout"] = {"skipped": f"{path} holds another run than this curve"}
+        else:
+            run["heldout"] = heldout(store, exp, HELDOUT_EPISODES)
+    finally:
+        store.close()
+
+
 def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, max_minutes: float | None,
             on_point, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """One evo run of the task (continued from its RunStore when `previous` holds a partial curve)."""
@@ -147,7 +197,7 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
     from evo.runstore import RunStore
 
     exp, text = load_task(name, seed, quick, overrides)
-    run_name = f"{name}_s{seed}{variant_suffix(overrides)}{'_quick' if quick else ''}"
+    run_name = store_name(name, seed, quick, overrides)
     tmp = tempfile.TemporaryDirectory(prefix="evo-suite-") if quick else None
     runs_dir = Path(tmp.name) if tmp else RUNS_DIR
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -178,19 +228,23 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
             raise _Stop
 
     observer.on_point = point
-    partial = False
+    partial, held = False, None
     try:
-        evolve(exp, store, scheduler, context, observer=observer)
-    except _Stop:
-        partial = observer.curve[-1][0] < exp.population.size * exp.population.generations * \
-            exp.population.steps_per_generation
+        try:
+            evolve(exp, store, scheduler, context, observer=observer)
+        except _Stop:
+            partial = observer.curve[-1][0] < exp.population.size * exp.population.generations * \
+                exp.population.steps_per_generation
+        finally:
+            scheduler.close()
+        if not partial:
+            held = heldout(store, exp, 2 if quick else HELDOUT_EPISODES)
     finally:
-        scheduler.close()
         store.close()
         if tmp is not None:
             tmp.cleanup()
     c = observer.curve
-    return {"seed": seed, "curve": c, "partial": partial, "wall_s": c[-1][1] if c else None,
+    return {"seed": seed, "curve": c, "partial": partial, "wall_s": c[-1][1] if c else None, "heldout": held,
             "final_best": c[-1][2] if c else None, "peak_best": max((p[2] for p in c), default=None),
             "budget": exp.population.size * exp.population.generations * exp.population.steps_per_generation,
             "population": exp.population.size, "backend": exp.backend,
@@ -242,6 +296,16 @@ def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
                            "complete": bool(runs) and not any(r.get("partial") for r in runs)}
     if rnd is not None:
         out["x_random"] = [round(f / rnd, 2) if rnd > 0 else None for f in finals]
+    held = [r["heldout"] if "last_elite" in (r.get("heldout") or {}) else None for r in runs]
+    if any(held):
+        # judged as the finals are, on the fresh episodes (the x-random target against random on those starts)
+        targets = [None if h is None else spec["target"] if "target" in spec
+                   else spec["target_x_random"] * max(h["random"]["mean"], 1e-9) for h in held]
+        out["heldout_finals"] = [None if h is None else h["last_elite"]["fitness"] for h in held]
+        out["heldout_best_checkpoint"] = [None if h is None else h["best_checkpoint"]["fitness"] for h in held]
+        out["heldout_met"] = [None if h is None else h["last_elite"]["fitness"] >= t for h, t in zip(held, targets)]
+        out["heldout_best_met"] = [None if h is None else h["best_checkpoint"]["fitness"] >= t
+                                   for h, t in zip(held, targets)]
     peers = [peer_for(entry, r["seed"]) for r in runs]
     if peers and all(p.get("final_best") is not None for p in peers):
         out["peer_finals"] = [p["final_best"] for p in peers]
@@ -290,7 +354,8 @@ def plot(results: dict[str, Any], path: str) -> None:
 def table(results: dict[str, Any]) -> str:
     """The results as a markdown table (docs/benchmarks.md): one row per task and seed."""
     rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
-            "| anchor | target | met | load at start/end |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| anchor | target | met | held-out: last elite / best checkpoint (random) | load at start/end |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["tasks"].items():
         v = entry.get("verdict", {})
         for run in entry.get("runs", []):
@@ -307,9 +372,20 @@ def table(results: dict[str, Any]) -> str:
             rows.append(f"| {name} | {run['seed']} | {steps:,} of {run.get('budget', 0):,} | {wall:.0f} "
                         f"| {best:.1f} ({peak:.1f}) "
                         f"| {entry.get('random', {}).get('mean', float('nan')):.1f} | {peer_text} "
-                        f"| {entry['anchor']['text']} | {target} | {met} "
+                        f"| {entry['anchor']['text']} | {target} | {met} | {heldout_cell(run.get('heldout'))} "
                         f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} |")
     return "\n".join(rows)
+
+
+def heldout_cell(held: dict[str, Any] | None) -> str:
+    """'191.7 / 168.9 (-180.2), 50 ep' for a run's held-out evaluation, or why there is none."""
+    if not held:
+        return "not run"
+    if "last_elite" not in held:
+        return "n/a"
+    last, best = held["last_elite"], held["best_checkpoint"]
+    return (f"{last['fitness']:.1f} / {best['fitness']:.1f} (gen {best['generation']}) "
+            f"({held['random']['mean']:.1f}), {held['episodes']} ep")
 
 
 def _commit() -> str | None:
@@ -375,6 +451,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             prev = next((r for r in entry["runs"] if r["seed"] == seed), None)
             if prev is not None and not prev.get("partial"):
+                if prev.get("heldout") is None and not args.quick:
+                    add_heldout(name, prev, overrides)
+                    save()
                 continue
 
             def on_point(partial_run: dict[str, Any], seed: int = seed, entry: dict = entry) -> None:

@@ -460,25 +460,32 @@ class Run:
                             columns=["generation", "members", "distinct", "mean_distance", "identical"])
 
     # ---- the agents -----------------------------------------------------------------------------
-    def elite(self, member: int | None = None) -> Agent:
+    def elite(self, member: int | None = None, *, generation: int | None = None, best: bool = False) -> Agent:
         """The last generation's elite (or `member`) as a live agent, from its newest kept trained
-        checkpoint: `run.elite().evaluate().fitness`."""
-        from evo.agent import AgentContext
-        from evo.checkpoint import load_state
-        from evo.spec import parse_experiment
+        checkpoint (or that of `generation`; `best`: the highest-scored checkpoint of the run):
+        `run.elite().evaluate().fitness`."""
+        from evo.export import load_member
 
         with self._store() as store:
-            _, path, digest = store.trained_checkpoint(member)
-            exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
-        state, _ = load_state(path, expect_digest=digest)
-        return exp.agent_class.from_state(state, AgentContext(task=exp.task, seed=exp.seed))
+            return load_member(store, member, generation=generation, best=best)[1]
 
-    def export(self, out: str | Path, member: int | None = None) -> Path:
-        """Write the elite (or `member`) as a self-contained directory that `evo.load(out)` rebuilds."""
+    def evaluate(self, member: int | None = None, *, generation: int | None = None, best: bool = False,
+                 episodes: int | None = None, seed: int | None = None) -> dict[str, Any]:
+        """The elite (or `member`, `generation`, `best` as in `elite`) evaluated afresh on held-out
+        episodes: `episodes` of them, from `seed` (default: a seed the run did not select on). The
+        run's own score of a member is biased up by selection; this is not (`evo.heldout`)."""
+        from evo.heldout import evaluate_member
+
+        with self._store() as store:
+            return evaluate_member(store, member, generation=generation, best=best, episodes=episodes, seed=seed)
+
+    def export(self, out: str | Path, member: int | None = None, *, best: bool = False) -> Path:
+        """Write the elite (or `member`; `best`: the run's highest-scored kept checkpoint) as a
+        self-contained directory that `evo.load(out)` rebuilds."""
         from evo.export import export_member
 
         with self._store() as store:
-            _, written = export_member(store, out, member)
+            _, written = export_member(store, out, member, best=best)
         return written
 
     # ---- continuing -----------------------------------------------------------------------------

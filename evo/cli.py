@@ -1,4 +1,4 @@
-"""The `evo` command: run, resume, new, runs, leaderboard, lineage, export (and subcommands other
+"""The `evo` command: run, resume, new, runs, leaderboard, lineage, export, evaluate (and subcommands other
 packages add through the `evo.commands` entry-point group, e.g. `evo dashboard`).
 
 Exit codes: 0 success; 1 a run failed; 2 bad input (experiment file, arguments, unknown run);
@@ -79,7 +79,22 @@ def _parser(plugins: dict[str, Callable[[argparse.Namespace], int]] | None = Non
     ex.add_argument("run")
     ex.add_argument("--out", required=True)
     ex.add_argument("--member", type=int)
+    ex.add_argument("--best", action="store_true",
+                    help="the run's highest-scored kept checkpoint (of --member, or of any member) instead of "
+                         "the last generation's")
     ex.add_argument("--runs-dir", default="runs")
+
+    ev = sub.add_parser("evaluate", help="evaluate the elite (or --member) afresh on held-out episodes")
+    ev.add_argument("run")
+    ev.add_argument("--member", type=int)
+    pick = ev.add_mutually_exclusive_group()
+    pick.add_argument("--generation", type=int, help="that generation's checkpoint (default: the newest kept)")
+    pick.add_argument("--best", action="store_true", help="the run's highest-scored kept checkpoint")
+    ev.add_argument("--episodes", type=int, help="episodes to evaluate (default: the experiment's eval_episodes)")
+    ev.add_argument("--seed", type=int, help="evaluation seed (default: the run seed + 1000, starts the run "
+                                              "never selected on)")
+    ev.add_argument("--format", choices=["table", "json"], default="table")
+    ev.add_argument("--runs-dir", default="runs")
 
     li = sub.add_parser("lineage", help="a member's chain of ancestors and mutations")
     li.add_argument("run")
@@ -266,13 +281,36 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     store = RunStore.open(args.run, args.runs_dir)
     try:
-        row, out = export_member(store, args.out, args.member)
+        row, out = export_member(store, args.out, args.member, best=args.best)
     except SpecError:  # the run's experiment no longer parses: bad input, as everywhere else
         raise
     except ValueError as exc:  # the agent cannot write part of its export (e.g. no HF equivalent)
         print(f"evo: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print(f"exported member {row['index']} (generation {row['generation']}, score {row['score']:.4g}) to {out}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from evo.heldout import evaluate_member
+    from evo.runstore import RunStore
+
+    store = RunStore.open(args.run, args.runs_dir, read_only=True)
+    try:
+        result = evaluate_member(store, args.member, generation=args.generation, best=args.best,
+                                 episodes=args.episodes, seed=args.seed)
+    except ValueError as exc:
+        print(f"evo: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+    episodes = "" if result["episodes"] is None else f" over {result['episodes']} episodes"
+    print(f"member {result['member']} (generation {result['generation']}): fitness {result['fitness']:.4g}{episodes} "
+          f"from seed {result['seed']}; the run scored it {result['run_score']:.4g} "
+          f"(fitness {result['run_fitness']:.4g}) ({result['seconds']:.1f} s)")
     return 0
 
 
@@ -292,7 +330,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "resume": cmd_resume, "new": cmd_new, "runs": cmd_runs, "leaderboard": cmd_leaderboard,
-            "export": cmd_export, "lineage": cmd_lineage}
+            "export": cmd_export, "evaluate": cmd_evaluate, "lineage": cmd_lineage}
 
 
 def main(argv: list[str] | None = None) -> int:

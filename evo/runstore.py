@@ -540,20 +540,39 @@ class RunStore:
             current = m["parent"]
         return chain
 
-    def trained_checkpoint(self, index: int | None = None) -> tuple[dict[str, Any], Path, str]:
-        """The newest kept trained checkpoint of `index` (default: the elite of the last generation)."""
-        if index is None:
-            board = self.evaluations()
+    def trained_checkpoint(self, index: int | None = None, generation: int | None = None,
+                           best: bool = False) -> tuple[dict[str, Any], Path, str]:
+        """A kept trained checkpoint: by default the newest of `index` (default: the elite of the
+        last generation); `generation` asks for that generation's; `best` for the highest score over
+        the whole run (of `index`, or of any member; ties go to the later generation), which is what
+        to export when a run's last generation is worse than an earlier one."""
+        if best and generation is not None:
+            raise ValueError("give a generation or ask for the best checkpoint, not both")
+        if index is None and not best:
+            board = self.evaluations(generation)
             if not board:
-                raise RunStoreError(f"{self.path}: no completed generation yet, nothing to export")
+                raise RunStoreError(f"{self.path}: no completed generation yet, nothing to export" if generation is None
+                                    else f"{self.path}: generation {generation} has no evaluations")
             index = board[0]["index"]
+        where, args = ["e.checkpoint IS NOT NULL"], []
+        if index is not None:
+            where.append("e.idx = ?")
+            args.append(index)
+        if generation is not None:
+            where.append("e.generation = ?")
+            args.append(generation)
+        order = "e.score DESC, e.generation DESC" if best else "e.generation DESC"
         r = self._db.execute(
             "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
-            "WHERE e.idx = ? AND e.checkpoint IS NOT NULL ORDER BY e.generation DESC LIMIT 1", (index,)).fetchone()
+            f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT 1", args).fetchone()
         if r is None:
+            if index is None:
+                raise RunStoreError(f"{self.path}: no completed generation yet, nothing to export")
             known = self.member(index) is not None
-            why = ("its checkpoints were pruned (only each generation's best and the last generation are kept)"
-                   if known else "no such member")
+            why = ("no such member" if not known
+                   else f"no kept checkpoint of generation {generation} (only each generation's best and the last "
+                        "generation are kept)" if generation is not None
+                   else "its checkpoints were pruned (only each generation's best and the last generation are kept)")
             raise RunStoreError(f"{self.path}: member {index}: {why}")
         return _evaluation_row(r), self.path / r["checkpoint"], r["digest"]
 

@@ -29,6 +29,10 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
         assert entry["random"]["episodes"] == 10 and np.isfinite(entry["random"]["mean"]), name
         assert "skipped" in entry["peer"], name
         assert entry["verdict"]["finals"] == [best] and entry["verdict"]["target"] is not None, name
+        held = run["heldout"]  # the last elite and the best checkpoint, afresh on other starts
+        assert held["episodes"] == 2 and held["seed"] == 1000 and held["random"]["episodes"] == 2, name
+        assert held["last_elite"]["run_fitness"] == best and np.isfinite(held["best_checkpoint"]["fitness"]), name
+        assert entry["verdict"]["heldout_finals"] == [held["last_elite"]["fitness"]], name
         assert entry["anchor"]["return"] is not None
     assert (tmp_path / "suite.png").stat().st_size > 0
     # --reuse keeps a finished run (its curve is not recomputed)
@@ -116,3 +120,24 @@ def test_set_overrides_an_ablation_with_its_own_runs_and_first_seed(tmp_path):
         suite.main(["--quick", "--reuse", "--tasks", "cartpole", "--json", str(out)])
     with pytest.raises(SystemExit):
         suite.main(["--quick", "--tasks", "cartpole", "--set", "population", "--json", str(out)])
+
+
+def test_reuse_adds_held_out_only_from_the_runs_own_store(tmp_path, monkeypatch):
+    """An earlier call's finished run gets its held-out evaluation from its RunStore under runs/suite/,
+    but not from a store that is gone or holds another run (a later call may reuse the name)."""
+    from evo.runstore import EvaluatedMember, RunStore
+    from evo.testing.runstore_contract import evaluated, founders
+
+    monkeypatch.setattr(suite, "RUNS_DIR", tmp_path)
+    gone = {"seed": 0, "curve": [[1000, 1.0, 20.0]]}
+    suite.add_heldout("cartpole", gone, None)
+    assert "no longer on this machine" in gone["heldout"]["skipped"]
+    store = RunStore.create(tmp_path, "cartpole_s0", "name='x'", {})
+    population = founders([0, 1])
+    store.save_initial_population(population)
+    trained = [EvaluatedMember(e.record, f, f, {}, {}, e.state) for e, f in zip(evaluated(population, 0), [30.0, 9.0])]
+    store.commit_generation(0, trained, population, wall_s=1.0)
+    store.close()
+    other = {"seed": 0, "curve": [[1000, 1.0, 20.0]]}  # its curve's best (20) is not the store's (30)
+    suite.add_heldout("cartpole", other, None)
+    assert "holds another run" in other["heldout"]["skipped"]

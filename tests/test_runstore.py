@@ -100,6 +100,31 @@ def test_the_generations_best_is_the_top_score_and_ties_go_to_the_lower_index(tm
     assert row["index"] == 1 and path == store.path / "checkpoints/g0000/trained/m00001" and len(digest) == 64
 
 
+def test_a_checkpoint_is_picked_by_generation_or_as_the_best_of_the_run(tmp_path) -> None:
+    """`generation` reads that generation's kept checkpoint; `best` the highest score over every
+    generation (of one member or of all), which need not be the last generation's elite."""
+    store = RunStore.create(tmp_path, "r", "name='r'", {})
+    population = founders([0, 1])
+    store.save_initial_population(population)
+    scores = [[1.0, 5.0], [4.0, 2.0]]  # member 1 peaks in generation 0; member 0 leads in generation 1
+    for g, pair in enumerate(scores):
+        trained = [EvaluatedMember(e.record, s, s, {}, {}, e.state) for e, s in zip(evaluated(population, g), pair)]
+        store.commit_generation(g, trained, population, wall_s=1.0)
+    assert store.trained_checkpoint()[0]["index"] == 0  # the last generation's elite
+    row, path, _ = store.trained_checkpoint(best=True)
+    assert (row["index"], row["generation"], row["score"]) == (1, 0, 5.0)
+    assert path == store.path / "checkpoints/g0000/trained/m00001"
+    assert store.trained_checkpoint(0, best=True)[0]["generation"] == 1
+    assert store.trained_checkpoint(generation=0)[0]["index"] == 1  # generation 0's elite
+    assert store.trained_checkpoint(1, generation=1)[0]["score"] == 2.0
+    with pytest.raises(RunStoreError, match="member 0: no kept checkpoint of generation 0"):
+        store.trained_checkpoint(0, generation=0)  # pruned: neither the last generation nor generation 0's best
+    with pytest.raises(RunStoreError, match="generation 5 has no evaluations"):
+        store.trained_checkpoint(generation=5)
+    with pytest.raises(ValueError, match="not both"):
+        store.trained_checkpoint(best=True, generation=0)
+
+
 def test_lineage_walks_to_the_founder_with_each_ancestors_best_score(tmp_path) -> None:
     store, trained = _run(tmp_path, 2)
     child = max(m["index"] for m in store.all_members())
@@ -115,8 +140,9 @@ def test_lineage_walks_to_the_founder_with_each_ancestors_best_score(tmp_path) -
 
 def test_export_lookups_say_why_there_is_nothing(tmp_path) -> None:
     store = RunStore.create(tmp_path, "r", "name='r'", {})
-    with pytest.raises(RunStoreError, match="no completed generation yet, nothing to export"):
-        store.trained_checkpoint()
+    for best in (False, True):
+        with pytest.raises(RunStoreError, match="no completed generation yet, nothing to export"):
+            store.trained_checkpoint(best=best)
     with pytest.raises(RunStoreError, match="member 7: no such member"):
         store.trained_checkpoint(7)
 
