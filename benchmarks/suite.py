@@ -16,11 +16,18 @@ evo seed judged against the peer run of its own seed; skipped with the reason re
 cannot be made) and **an anchor** (published numbers, `ANCHORS`). Verdicts against the issue's
 targets are in each task's `verdict`.
 
-`--reuse` continues from OUT: finished runs are kept; an interrupted run (its RunStore under
+Every finished run is then evaluated **held out** (`heldout`, `evo.heldout`): its last elite and its
+best kept checkpoint (the highest score over the run), each on 50 fresh episodes from the run seed
++ 1000, beside a random policy on those starts. The curve's points score every member on the same
+10 starts and keep the best, so they are biased up and noisy; the held-out numbers are neither, and
+the verdict reports them beside the finals (`heldout_finals`, `heldout_met`, ...).
+
+`--reuse` continues from OUT: finished runs are kept (and get `heldout` if they lack it and their
+RunStore under runs/suite/ still holds their curve); an interrupted run (its RunStore under
 runs/suite/ and its curve in OUT) continues from its last committed generation, with its curve and
 clock carried on. `--max-minutes` stops a run after the first generation past that many minutes of
 wall time (the run is marked partial; `--reuse` goes on from there). `--quick` shrinks every task to
-a population of 2, one generation of 64 steps per member, 2 evaluation episodes of at most 50 steps,
+a population of 2, one generation of 64 steps per member, 2 evaluation episodes of at most 50 steps (and 2 held out),
 inline backend, no peer: every task's whole pipeline in about a minute in all (the smoke test).
 
 `--set KEY=VALUE` (repeatable, as `evo run --set`) changes every task's file for an ablation: the
@@ -382,7 +389,7 @@ def heldout_cell(held: dict[str, Any] | None) -> str:
     if not held:
         return "not run"
     if "last_elite" not in held:
-        return "n/a"
+        return "its run store is not kept"
     last, best = held["last_elite"], held["best_checkpoint"]
     return (f"{last['fitness']:.1f} / {best['fitness']:.1f} (gen {best['generation']}) "
             f"({held['random']['mean']:.1f}), {held['episodes']} ep")
