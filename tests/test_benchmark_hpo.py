@@ -41,6 +41,25 @@ def test_the_no_mutation_ablation_changes_only_the_mutation_weights():
     assert ablated.selection == exp.selection and ablated.hparam_space == exp.hparam_space
 
 
+def test_the_no_architecture_ablation_gives_its_share_to_no_mutation():
+    """evo-noarch: no architecture mutation, the other kinds drawn exactly as often as in evo."""
+    from benchmarks.hpo.evo_strategy import NO_ARCHITECTURE, VARIANTS
+    from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=0)
+    ablated, _ = load(t, seed=0, **NO_ARCHITECTURE)
+    before, after = exp.mutation.weights() / exp.mutation.weights().sum(), ablated.mutation.weights()
+    kinds = list(ablated.mutation.KINDS)
+    assert after[kinds.index("architecture")] == 0.0 and after.sum() == pytest.approx(1.0)
+    assert after[kinds.index("no_mutation")] == pytest.approx(before[kinds.index("no_mutation")]
+                                                              + before[kinds.index("architecture")])
+    for kind in ("parameters", "activation", "rl_hp"):
+        assert after[kinds.index(kind)] == pytest.approx(before[kinds.index(kind)]), kind
+    # every evo variant is a strategy the benchmark can run by name
+    assert set(VARIANTS) <= set(STRATEGIES) | set(ABLATIONS)
+
+
 def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     curve = [[100, 1.0, 10.0], [200, 2.0, 480.0], [300, 3.0, 300.0]]
     assert summarise(curve, 475) == {"steps_to_target": 200, "seconds_to_target": 2.0, "final_best": 300.0,

@@ -12,7 +12,7 @@ method and the results.
 
 Regimes: "tuned" (member 0 starts from the experiment file's tuned values, the others drawn from
 the ranges) and "scratch" (HPO from scratch: every founder drawn). Default 5 seeds. The report's
-`compare` block (benchmarks/hpo/stats.py) gives, for evo and evo-async against each peer, the
+`compare` block (benchmarks/hpo/stats.py) gives, for evo and each of its variants run against each peer, the
 difference of medians of the final best and of the areas under best-so-far vs steps and vs
 seconds, each with a bootstrap 95% interval over seeds.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hpo.common import ROOT, machine, task
+from benchmarks.hpo.evo_strategy import VARIANTS
 from benchmarks.hpo.stats import compare
 from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
 
@@ -147,7 +148,7 @@ def main() -> None:
                   flush=True)
             report["ratios"] = ratios(report)
             report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
-                                 for ref in ("evo", "evo-async", "evo-seconds") if ref in report["strategies"]}
+                                 for ref in VARIANTS if ref in report["strategies"]}
             report["machine"]["loadavg_now"] = list(os.getloadavg())
             Path(args.json).write_text(json.dumps(report, indent=2, default=str))
             if args.plot:

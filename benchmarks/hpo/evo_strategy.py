@@ -92,6 +92,14 @@ ASYNC = {"population.mode": "async", "selection.equal_compute": "env_steps",
 # selection cannot favour members that buy their score with more updates per env step
 EQUAL_SECONDS = {"selection.equal_compute": "member_seconds"}
 
+# `evo-noarch`: evo (sync) with no architecture mutation (its share goes to "no mutation"; the other
+# kinds keep theirs), to measure what growing members costs in CPU per env step and what it buys
+NO_ARCHITECTURE = {"mutation.architecture": 0.0, "mutation.no_mutation": 0.6}
+
+#: every evo strategy of the benchmark and the experiment settings it changes
+VARIANTS: dict[str, dict[str, Any]] = {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION,
+                                        "evo-seconds": EQUAL_SECONDS, "evo-noarch": NO_ARCHITECTURE}
+
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
         overrides: dict[str, Any] | None = None, regime: str = "tuned") -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """One strategy on one seed, in a process of its own (its own Ray, nothing left behind):
 
-    python -m benchmarks.hpo.strategy --strategy evo|evo-async|random|pbt|pb2|agilerl|evo-nomut|evo-seconds --seed 0 \
-        --task cartpole [--regime tuned|scratch] [--quick] --out R.json
+    python -m benchmarks.hpo.strategy --strategy NAME --seed 0 --task cartpole [--regime tuned|scratch] \
+        [--quick] --out R.json
+
+NAME: evo, evo-async, random, pbt, pb2, agilerl, or an ablation of evo (evo-nomut, evo-seconds,
+evo-noarch; `ABLATIONS` says what each switches off, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import os
 import time
 
+from benchmarks.hpo import evo_strategy
 from benchmarks.hpo.common import summarise, task
 
 # the run order within a seed: PB2, the extra, last; evo-async is evo's asynchronous mode (evo_strategy.ASYNC)
@@ -18,7 +22,8 @@ STRATEGIES = ("evo", "evo-async", "random", "pbt", "agilerl", "pb2")
 # evo with one part switched off, to tell which part of evo a result comes from; run only when named
 ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only",
              "evo-seconds": "evo judging members at equal member-seconds (selection.equal_compute): "
-                            "a member that spends more seconds per env step must earn them"}
+                            "a member that spends more seconds per env step must earn them",
+             "evo-noarch": "evo with no architecture mutation: what growing members costs per env step and buys"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
@@ -34,12 +39,8 @@ def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None =
             with open(partial, "w") as fh:
                 json.dump(record, fh)
 
-    if name in ("evo", "evo-nomut", "evo-async", "evo-seconds"):
-        from benchmarks.hpo import evo_strategy
-
-        overrides = {"evo-nomut": evo_strategy.NO_MUTATION, "evo-async": evo_strategy.ASYNC,
-                     "evo-seconds": evo_strategy.EQUAL_SECONDS}.get(name, {})
-        out = evo_strategy.run(t, seed, on_point=on_point, overrides=overrides, regime=regime)
+    if name in evo_strategy.VARIANTS:
+        out = evo_strategy.run(t, seed, on_point=on_point, overrides=evo_strategy.VARIANTS[name], regime=regime)
     elif name in ("random", "pbt", "pb2"):
         from benchmarks.hpo import tune_strategies
 
