@@ -46,6 +46,19 @@ def run_evo(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
     return proc
 
 
+def evo_in_process(args: list[str], cwd: Path, capsys: pytest.CaptureFixture,
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """`evo ARGS` in this process from `cwd` (the same code as the console script, without an
+    interpreter start-up): (exit code, stdout, stderr)."""
+    from evo.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")

@@ -18,8 +18,8 @@ import pytest
 import tomllib
 
 import agents
-from evo.cli import main
 from tests.conftest import REPO, TOY_EXPERIMENT, run_evo
+from tests.conftest import evo_in_process as evo
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = run_evo(["run", "toy.toml", "--name", "ref", "--backend", "inline"], cwd, check=True)
     assert "generation 3/3" in proc.stdout and "run ref completed" in proc.stdout
     return cwd
-
-
-def evo(args: list[str], cwd: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def board(cwd: Path, run: str, capsys, monkeypatch) -> list[dict]:

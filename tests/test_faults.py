@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evo.cli import main
 from evo.faults import Failure, ResourceRequestError
 from evo.scheduler.resources import plan_workers
 from evo.selection import tournament_select
 from evo.spec import ExperimentSpec, SpecError, parse_experiment
 from tests.conftest import TOY_EXPERIMENT
+from tests.conftest import evo_in_process as evo
 
 
 def faulty_experiment(directory: Path, name: str, **task: object) -> Path:
@@ -32,14 +32,6 @@ def faulty_experiment(directory: Path, name: str, **task: object) -> Path:
     path = directory / f"{name}.toml"
     path.write_text(text)
     return path
-
-
-def evo(args: list[str], cwd: Path, capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_a_diverging_member_is_failed_and_the_run_goes_on(tmp_path: Path, capsys, monkeypatch) -> None:

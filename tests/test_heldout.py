@@ -1,20 +1,19 @@
 """Held-out evaluation of a run's kept checkpoints (evo/heldout.py): `Run.evaluate`, `evo evaluate`
 and `evo export --best`. A real EfficientZero run on CartPole (inline, tiny) for the seed and
-episode plumbing; the toy run of tests/test_cli.py's kind for the command line."""
+episode plumbing; the shared toy run (conftest `toy_runs`) for the command line."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 import evo
-from evo.cli import main
 from evo.heldout import HELDOUT_SEED_OFFSET
-from tests.conftest import REPO, TOY_EXPERIMENT, run_evo
+from tests.conftest import REPO
+from tests.conftest import evo_in_process as cli
 
 TINY_EZ = {"backend": "inline", "population.size": 2, "population.generations": 2,
            "population.steps_per_generation": 64, "selection.tournament_size": 1,
@@ -65,54 +64,38 @@ def test_bad_episode_counts_are_refused(ez_run: evo.Run, episodes) -> None:
         ez_run.evaluate(episodes=episodes)
 
 
-# ---- the command line, on the toy agent (its evaluation has no episodes and no seed) ----------------
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cwd = tmp_path_factory.mktemp("heldout_cli")
-    shutil.copy(TOY_EXPERIMENT, cwd / "toy.toml")
-    run_evo(["run", "toy.toml", "--name", "ref", "--backend", "inline"], cwd, check=True)
-    return cwd
-
-
-def _evo(args: list[str], cwd: Path, capsys, monkeypatch) -> tuple[int, str, str]:
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(args)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_evo_evaluate_prints_the_fresh_and_the_recorded_fitness(toy: Path, capsys, monkeypatch) -> None:
-    code, out, err = _evo(["evaluate", "ref", "--format", "json"], toy, capsys, monkeypatch)
+# ---- the command line, on the shared toy run (its evaluation has no episodes and no seed) -----------
+def test_evo_evaluate_prints_the_fresh_and_the_recorded_fitness(toy_runs: Path, capsys, monkeypatch) -> None:
+    code, out, err = cli(["evaluate", "toy", "--format", "json"], toy_runs.parent, capsys, monkeypatch)
     assert code == 0, err
     result = json.loads(out)
     assert result["generation"] == 2 and result["episodes"] is None and result["seed"] == 7 + HELDOUT_SEED_OFFSET
     assert result["fitness"] == pytest.approx(result["run_fitness"], abs=1e-7)  # the toy ignores the seed
-    code, out, _ = _evo(["evaluate", "ref", "--best"], toy, capsys, monkeypatch)
-    with sqlite3.connect(toy / "runs" / "ref" / "run.sqlite") as db:
+    code, out, _ = cli(["evaluate", "toy", "--best"], toy_runs.parent, capsys, monkeypatch)
+    with sqlite3.connect(toy_runs / "toy" / "run.sqlite") as db:
         idx, generation, score = db.execute("SELECT idx, generation, score FROM evaluations WHERE checkpoint IS NOT NULL "
                                             "ORDER BY score DESC, generation DESC LIMIT 1").fetchone()
     assert code == 0 and out.startswith(f"member {idx} (generation {generation}): fitness ")
     assert f"the run scored it {score:.4g}" in out
 
 
-def test_evo_evaluate_refuses_bad_input_with_exit_2(toy: Path, capsys, monkeypatch) -> None:
-    code, _, err = _evo(["evaluate", "ref", "--episodes", "5"], toy, capsys, monkeypatch)
+def test_evo_evaluate_refuses_bad_input_with_exit_2(toy_runs: Path, capsys, monkeypatch) -> None:
+    code, _, err = cli(["evaluate", "toy", "--episodes", "5"], toy_runs.parent, capsys, monkeypatch)
     assert code == 2 and "has no eval_episodes to set" in err
-    code, _, err = _evo(["evaluate", "ref", "--member", "999"], toy, capsys, monkeypatch)
+    code, _, err = cli(["evaluate", "toy", "--member", "999"], toy_runs.parent, capsys, monkeypatch)
     assert code == 2 and "no such member" in err
-    code, _, err = _evo(["evaluate", "nope"], toy, capsys, monkeypatch)
+    code, _, err = cli(["evaluate", "nope"], toy_runs.parent, capsys, monkeypatch)
     assert code == 2 and "no run 'nope'" in err
     with pytest.raises(SystemExit) as info:
-        _evo(["evaluate", "ref", "--best", "--generation", "0"], toy, capsys, monkeypatch)
+        cli(["evaluate", "toy", "--best", "--generation", "0"], toy_runs.parent, capsys, monkeypatch)
     assert info.value.code == 2
 
 
-def test_evo_export_best_writes_the_best_checkpoint(toy: Path, capsys, monkeypatch) -> None:
-    with sqlite3.connect(toy / "runs" / "ref" / "run.sqlite") as db:
+def test_evo_export_best_writes_the_best_checkpoint(toy_runs: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    with sqlite3.connect(toy_runs / "toy" / "run.sqlite") as db:
         idx, generation = db.execute("SELECT idx, generation FROM evaluations WHERE checkpoint IS NOT NULL "
                                      "ORDER BY score DESC, generation DESC LIMIT 1").fetchone()
-    code, out, err = _evo(["export", "ref", "--best", "--out", str(toy / "best")], toy, capsys, monkeypatch)
+    code, out, err = cli(["export", "toy", "--best", "--out", str(tmp_path / "best")], toy_runs.parent, capsys, monkeypatch)
     assert code == 0, err
     assert out.startswith(f"exported member {idx} (generation {generation},")
-    assert json.loads((toy / "best" / "config.json").read_text())["info"]["generation"] == generation
+    assert json.loads((tmp_path / "best" / "config.json").read_text())["info"]["generation"] == generation
