@@ -147,7 +147,10 @@ def heldout(store, exp, episodes: int) -> dict[str, Any]:
     seed = exp.seed + HELDOUT_SEED_OFFSET
     keep = ("member", "generation", "fitness", "run_fitness", "run_score", "seconds")
     last = evaluate_member(store, episodes=episodes, seed=seed)
-    best = evaluate_member(store, best=True, episodes=episodes, seed=seed)
+    row = store.trained_checkpoint(best=True)[0]
+    # often the last elite is the best checkpoint too: its evaluation (greedy, fixed starts) is not run twice
+    best = last if (row["index"], row["generation"]) == (last["member"], last["generation"]) else \
+        evaluate_member(store, best=True, episodes=episodes, seed=seed)
     return {"episodes": episodes, "seed": seed,
             "last_elite": {k: last[k] for k in keep} | {"std": last["metrics"].get("eval_return_std")},
             "best_checkpoint": {k: best[k] for k in keep} | {"std": best["metrics"].get("eval_return_std")},

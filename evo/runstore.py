@@ -568,11 +568,13 @@ class RunStore:
         if r is None:
             if index is None:
                 raise RunStoreError(f"{self.path}: no completed generation yet, nothing to export")
-            known = self.member(index) is not None
-            why = ("no such member" if not known
-                   else f"no kept checkpoint of generation {generation} (only each generation's best and the last "
-                        "generation are kept)" if generation is not None
-                   else "its checkpoints were pruned (only each generation's best and the last generation are kept)")
+            kept = "only each generation's best and the last generation are kept"
+            if self.member(index) is None:
+                why = "no such member"
+            elif generation is not None:
+                why = f"no kept checkpoint of generation {generation} ({kept})"
+            else:
+                why = f"its checkpoints were pruned ({kept})"
             raise RunStoreError(f"{self.path}: member {index}: {why}")
         return _evaluation_row(r), self.path / r["checkpoint"], r["digest"]
 
