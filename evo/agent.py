@@ -80,6 +80,12 @@ class Agent(ABC):
         return {}
 
     @classmethod
+    def reward_threshold(cls, task: dict[str, Any]) -> float | None:
+        """The score at which `task` counts as solved (what `population.stop_at_score = "task"`
+        stops a run at), or None if the agent knows none."""
+        return None
+
+    @classmethod
     def validate_task(cls, task: dict[str, Any]) -> dict[str, Any]:
         """Check the experiment's [agent.task] table; raise ValueError('task.FIELD: expected …, found …')."""
         return dict(task)

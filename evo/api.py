@@ -517,9 +517,11 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, generations: int |
         # an async run ends after population.size x generations member-rounds (evo.steady), not on generations
         finished = (int(store.get("rounds_done") or 0) >= exp.population.size * total if exp.population.mode == "async"
                     else done >= total)
-        if finished:
+        stopped = json.loads(store.get("stopped_at_score") or "null")
+        if finished or stopped:
             if announce:
-                announce(f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
+                announce(f"run {store.name} stopped: {stop_reason(stopped)}; nothing to resume" if stopped else
+                         f"run {store.name} already has {done} of {total} generations; pass --generations N to extend it")
             store.close()
             return Run(store.path)
         chosen = backend or store.get("backend") or exp.backend
@@ -537,6 +539,14 @@ def resume(run: str | Path, runs_dir: str | Path = "runs", *, generations: int |
 
 _LEADERBOARD = ["rank", "member", "score", "score_std", "fitness", "evaluations", "age", "parent", "last_mutation",
                 "generation"]
+
+
+def stop_reason(stopped: dict[str, Any]) -> str:
+    """A run's `stopped_at_score` key for a person: 'member 3 scored 500 in generation 4, reaching
+    population.stop_at_score 475'."""
+    where = "" if stopped.get("generation") is None else f" in generation {stopped['generation']}"
+    return (f"member {stopped['member']} scored {stopped['score']:.4g}{where}, reaching "
+            f"population.stop_at_score {stopped['target']:.4g}")
 
 
 def _flat(row: dict[str, Any], nested: tuple[str, ...]) -> dict[str, Any]:

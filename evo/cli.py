@@ -190,8 +190,11 @@ def _finish(go: Callable[[], Any]) -> int:
     if run is not None:
         summary = run.summary()
         if summary["status"] == "completed" and summary["best_score"] is not None:
+            from evo.api import stop_reason
+
             board = run.leaderboard(top=1)
-            print(f"run {summary['name']} completed: {summary['generations_done']} generations, "
+            stopped = f" (stopped early: {stop_reason(summary['stopped_at_score'])})" if summary["stopped_at_score"] else ""
+            print(f"run {summary['name']} completed: {summary['generations_done']} generations{stopped}, "
                   f"elite member {board['member'][0]} score {board['score'][0]:.4g} — {run.path}")
     return 0
 

@@ -12,6 +12,7 @@ Words: a member's *fitness* is one evaluation; its *score* is the mean of its la
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -195,6 +196,8 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         interrupts.check()
         if budget is not None and spent.get(budget.unit) >= budget.amount:
             break
+        if generation == start and reached_stop_score(store, exp, generation - 1):  # resumed after it did
+            break
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
         results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,
@@ -230,7 +233,23 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
                                 time.perf_counter() - t0, diversity=diversity, spent=spent)
         observer.generation_done(generation, store.evaluations(generation))
         members = children
+        if reached_stop_score(store, exp, generation):
+            break
     store.set(status="completed")
+
+
+def reached_stop_score(store: RunStore, exp: Experiment, generation: int) -> bool:
+    """True once a member's score in `generation` has reached `population.stop_at_score`; the first
+    time, the run key `stopped_at_score` records who and when (sync: the run ends after that
+    generation; async, evo.steady: no new round starts)."""
+    target = exp.stop_score
+    rows = store.evaluations(generation) if target is not None and generation >= 0 else []
+    if not rows or not rows[0]["score"] >= target:  # best score first
+        return False
+    if not store.get("stopped_at_score"):
+        store.set(stopped_at_score=json.dumps({"generation": generation, "member": rows[0]["index"],
+                                               "score": rows[0]["score"], "target": target}))
+    return True
 
 
 def record_failures(store: RunStore, generation: int, results: list[MemberResult]) -> list[Failure]:

@@ -586,7 +586,9 @@ class RunStore:
                 "generations": exp.get("population", {}).get("generations"), "best_score": best,
                 "agent": exp.get("agent", {}).get("kind"), "updated_at": float(self.get("updated_at") or 0),
                 "created_at": float(self.get("created_at") or 0),
-                "diversity": self.diversity()}
+                "diversity": self.diversity(),
+                # {"generation", "member", "score", "target"} once population.stop_at_score ended the run, else None
+                "stopped_at_score": json.loads(self.get("stopped_at_score") or "null")}
 
     # ---- reading whole tables (the dashboard's views) ------------------------------------------
     def all_evaluations(self) -> list[dict[str, Any]]:

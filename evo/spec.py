@@ -8,6 +8,8 @@ itself, so nothing downstream looks a kind up by name again.
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,10 +77,20 @@ class PopulationSpec(_Strict):
                                     "its round is judged and continues or is replaced at once (docs/experiments.md)")
     budget: BudgetSpec | None = Field(default=None, description="stop when the run has spent this much compute "
                                                                 "(besides the generations count)")
+    stop_at_score: float | Literal["task"] | None = Field(
+        default=None, description="stop once a member's score (its fitness_window mean) reaches this; 'task': the "
+                                  "agent's threshold for its task (gymnasium's reward_threshold; none: no stop)")
     rungs: list[float] = Field(default_factory=list, description="async: early-stopping rungs inside a round, as "
                                                                  "fractions of its steps (e.g. [0.25, 0.5])")
     rung_keep: float = Field(default=0.5, gt=0, lt=1, description="at a rung, a member outside this top share of "
                                                                   "the round's members at that rung stops")
+
+    @field_validator("stop_at_score", mode="before")
+    @classmethod
+    def _number_or_task(cls, v: Any) -> Any:
+        if v is None or v == "task" or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+            return v
+        raise ValueError(f"expected a finite number or \"task\" (the agent's threshold for its task), found {v!r}")
 
     @field_validator("rungs")
     @classmethod
@@ -261,6 +273,13 @@ class Experiment:
     resources = property(lambda self: self.spec.resources)
     replay = property(lambda self: self.spec.replay)
     logging = property(lambda self: self.spec.logging)
+
+    @functools.cached_property
+    def stop_score(self) -> float | None:
+        """`population.stop_at_score` as a number: "task" asks the agent class for its task's threshold
+        (None where it knows none: the run then stops on generations and budget alone)."""
+        value = self.population.stop_at_score
+        return self.agent_class.reward_threshold(self.task) if value == "task" else value
 
     def to_json(self) -> dict[str, Any]:
         """The checked file as JSON (what the run store keeps and `evo resume` parses again)."""

@@ -178,8 +178,16 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     rung_records: dict[tuple[int, int], list[float]] = {}
     rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
 
+    # population.stop_at_score: reached by a round judged before (a resumed run), or by one judged below
+    target = exp.stop_score
+    reached = [(p.score, index) for index, line in lines.items() for p in line if target is not None and p.score >= target]
+    stopped = bool(reached)
+    if stopped and not store.get("stopped_at_score"):
+        score, index = max(reached)
+        store.set(stopped_at_score=json.dumps({"generation": None, "member": index, "score": score, "target": target}))
+
     def exhausted() -> bool:
-        if dispatched >= size * total:
+        if dispatched >= size * total or stopped:
             return True
         return budget is not None and spent.get(budget.unit) >= budget.amount
 
@@ -222,6 +230,12 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                                       observations, stopped_at=s.segment if stop else None)
                 s.segment = 0
                 spent = spent + cost
+                ev = commit[0]
+                if target is not None and not stopped and ev is not None and ev.score >= target:
+                    stopped = True  # rounds in flight finish; none starts
+                    note = json.dumps({"generation": commit[2], "member": ev.record.index, "score": ev.score,
+                                       "target": target})
+                    writer.put(lambda st, n=note: st.set(stopped_at_score=n))
                 if commit[1][0].index == next_index:
                     next_index += 1
                 dispatch()  # the slot's next round starts before anything is written: no worker waits on the disk

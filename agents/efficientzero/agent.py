@@ -29,7 +29,7 @@ import torch
 
 from agents.efficientzero import learner
 from agents.efficientzero.atari import check_atari_settings, is_atari
-from agents.efficientzero.envs import observation_spec
+from agents.efficientzero.envs import observation_spec, reward_threshold
 from agents.efficientzero.mcts import SEARCH_KINDS
 from agents.efficientzero.model import build_model
 from agents.efficientzero.selfplay import SelfPlay, replay_schema
@@ -193,6 +193,11 @@ class EfficientZeroAgent(TorchAgent):
         except Exception as exc:
             raise ValueError(f"task.env_id: cannot make {out['env_id']!r} ({type(exc).__name__}: {exc})") from None
         return out
+
+    @classmethod
+    def reward_threshold(cls, task: dict[str, Any]) -> float | None:
+        """gymnasium's threshold for the env (fitness is the mean greedy return, on its scale)."""
+        return reward_threshold(cls.validate_task(task))
 
     @classmethod
     def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec:

@@ -119,6 +119,21 @@ def _registered(env_id: str) -> None:
         register_envs()
 
 
+def reward_threshold(task: Mapping[str, Any]) -> float | None:
+    """gymnasium's `reward_threshold` for the task's registered id (CartPole-v1 475, MountainCar-v0
+    −110, LunarLander-v3 200): the return at which the task counts as solved. None for ids without
+    one (MinAtar's, Atari's) and for a person's own `package.module:Class`."""
+    env_id = task["env_id"]
+    if ":" in env_id and "/" not in env_id.split(":")[0]:
+        return None
+    _registered(env_id)
+    try:
+        threshold = gym.spec(env_id).reward_threshold
+    except gym.error.Error:
+        return None
+    return None if threshold is None else float(threshold)
+
+
 def _is_image_hwc(shape: tuple[int, ...]) -> bool:
     return len(shape) == 3 and shape[-1] < shape[0] and shape[-1] <= 16
 

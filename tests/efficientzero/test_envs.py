@@ -147,3 +147,11 @@ def test_training_rows_clip_rewards_and_end_at_a_lost_life_evaluation_does_not()
     assert [int(b["step"][0]) for b in inserts] == [0, 3, 6]  # one game, three lives
     ev = SelfPlay(task).evaluate(model, hp, run_seed=0)
     assert (ev["eval_return"], ev["eval_length"]) == (45.0, 9.0)  # the game, to its real end, unclipped
+
+
+def test_the_task_threshold_is_gymnasiums_reward_threshold_where_the_env_has_one():
+    # what `population.stop_at_score = "task"` stops at: the env's own "solved" return, on the fitness's scale
+    assert EfficientZeroAgent.reward_threshold({"env_id": "CartPole-v1"}) == 475.0
+    assert EfficientZeroAgent.reward_threshold({"env_id": "MountainCar-v0"}) == -110.0
+    assert EfficientZeroAgent.reward_threshold({"env_id": "MinAtar/Breakout-v1"}) is None  # registered without one
+    assert EfficientZeroAgent.reward_threshold({"env_id": f"{__name__}:GridEnv"}) is None
