@@ -7,8 +7,11 @@
 The environment id is looked up in gymnasium's registry (with a suggestion when it is misspelt),
 then the whole file is validated exactly as `evo run` would (the agent makes the environment, or
 scans every line of the data) before a character is written: bad input is a `SpecError` and
-nothing is printed. Values are the checked-in experiments' (experiments/), scaled to a first run
-of a few minutes on a laptop.
+nothing is printed. Values are the checked-in experiments' (experiments/). A vector env's file is
+issue 23's "works" default: the same for every env id (only `env_id` and `name` differ), up to
+400,000 env steps and stopped at the env's own threshold (`population.stop_at_score = "task"`), so
+CartPole ends in minutes and MountainCar gets the budget it needs (docs/benchmarks.md, "The defaults a
+user gets"). An image env's file is scaled to a first run of a few minutes on a laptop.
 """
 
 from __future__ import annotations
@@ -59,8 +62,12 @@ gpus_per_member = 0               # e.g. 1 (or 0.25 to share a GPU); needs CUDA,
 _EZ_VECTOR = """
 [population]
 size = 4                          # members
-generations = 6
-steps_per_generation = 2000       # environment steps each member collects per generation
+generations = 10                  # at most: 400,000 env steps in all, unless the task is solved first (below)
+steps_per_generation = 10000      # env steps each member collects before it is judged: on a sparse task
+                                  # (MountainCar) shorter rounds let blind selection overwrite members that were
+                                  # learning before their evaluation showed it (docs/benchmarks.md)
+stop_at_score = "task"            # stop once a member scores the env's reward_threshold (CartPole-v1 475,
+                                  # LunarLander-v3 200, MountainCar-v0 -110); none: all generations run
 initial = "same"                  # or "sample": founders draw their hyperparameters from the ranges
 
 [agent]
@@ -90,8 +97,16 @@ lr = {{ value = 3e-3, min = 1e-4, max = 1e-2, scale = "log" }}
 num_simulations = {{ value = 16, min = 8, max = 32, kind = "int" }}
 td_steps = {{ value = 5, min = 3, max = 10, kind = "int" }}
 discount = {{ value = 0.99, min = 0.97, max = 0.997 }}
+collect_temperature = {{ value = 1.0, min = 0.25, max = 1.0 }}
 replay_ratio = {{ value = 0.25, min = 0.1, max = 0.5 }}   # gradient updates per environment step
+consistency_weight = {{ value = 2.0, min = 0.5, max = 4.0 }}
+target_update_interval = {{ value = 100, min = 50, max = 400, kind = "int" }}
 batch_size = {{ value = 128, min = 64, max = 256, kind = "int" }}
+reanalyse_ratio = {{ value = 0.0, min = 0.0, max = 0.25 }}   # share of sampled targets re-searched with MCTS
+# exploration while collecting: with probability 0.2 per step a random action held for n ~ zeta(1) steps
+# (what finds MountainCar's flag; docs/efficientzero.md, "Exploration")
+explore_epsilon = {{ value = 0.2, min = 0.0, max = 0.5 }}
+explore_duration_mu = {{ value = 1.0, min = 1.0, max = 3.0 }}
 """
 
 _EZ_IMAGE = """

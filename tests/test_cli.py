@@ -237,6 +237,22 @@ def test_evo_new_env_writes_a_commented_file_that_runs(tmp_path: Path, capsys, m
     assert len(board(tmp_path, data["name"], capsys, monkeypatch)) == 2
 
 
+def test_evo_new_gives_every_vector_env_the_same_settings_and_stops_at_its_threshold(tmp_path: Path, capsys,
+                                                                                       monkeypatch) -> None:
+    # issue 23's "works" default: a file made for one task and pointed at another by its env id alone
+    # learns there too; so `evo new` differs between tasks in env_id and name only, and stops at the
+    # task's own threshold (the budget is sized for the hardest of them)
+    files = {}
+    for env_id in ("CartPole-v1", "MountainCar-v0", "LunarLander-v3"):
+        code, text, err = evo(["new", "--env", env_id], tmp_path, capsys, monkeypatch)
+        assert code == 0, err
+        files[env_id] = tomllib.loads(text)
+    for env_id, data in files.items():
+        assert data["population"]["stop_at_score"] == "task" and data["agent"]["task"]["env_id"] == env_id
+        del data["name"], data["agent"]["task"]["env_id"]
+    assert files["CartPole-v1"] == files["MountainCar-v0"] == files["LunarLander-v3"]
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--env", "CartPol-v1"], "--env: agent.task.env_id: not a registered gymnasium environment"),
     (["--env", "Pendulum-v1"], "efficientzero needs a discrete action space"),
