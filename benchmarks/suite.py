@@ -226,10 +226,7 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
     load_start = os.getloadavg()
     scheduler, context = start_backend(exp, exp.backend)
     observer = CurveObserver(exp.population.steps_per_generation)
-    if curve:  # carry the steps and the clock on
-        observer.steps = curve[-1][0]
-        observer.start -= curve[-1][1]
-    observer.curve = curve
+    observer.carry_on(curve)
     started = time.perf_counter()
 
     def point(c: list) -> None:

@@ -141,3 +141,16 @@ def test_reuse_adds_held_out_only_from_the_runs_own_store(tmp_path, monkeypatch)
     other = {"seed": 0, "curve": [[1000, 1.0, 20.0]]}  # its curve's best (20) is not the store's (30)
     suite.add_heldout("cartpole", other, None)
     assert "holds another run" in other["heldout"]["skipped"]
+
+
+def test_a_continued_run_counts_its_env_steps_on_from_the_last_point():
+    # `--reuse` continuing a partial run: the next generation's point is at the old steps plus one
+    # generation's (a fresh count from 0 mislabelled MountainCar's continued points as 40,000...)
+    from benchmarks.hpo.evo_strategy import CurveObserver
+
+    observer = CurveObserver(steps_per_generation=100)
+    observer.carry_on([[400, 10.0, -150.0], [800, 20.0, -120.0]])
+    for index in range(4):
+        observer.member_event(index, "done", {"fitness": -110.0})
+    observer.generation_done(2, [{"fitness": -110.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [p[0] for p in observer.curve] == [400, 800, 1200] and observer.curve[-1][1] >= 20.0

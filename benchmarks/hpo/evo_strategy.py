@@ -38,6 +38,14 @@ class CurveObserver(RunObserver):
         self.profile: list[dict[str, Any]] = []
         self._t_gen = self.start
 
+    def carry_on(self, curve: list[list[float]]) -> None:
+        """Continue `curve` (a run resumed from its store): steps, rounds and clock go on from its last point."""
+        self.curve = [list(p) for p in curve]
+        if curve:
+            self.steps = int(curve[-1][0])
+            self.rounds_done = self.steps // self.steps_per_generation
+            self.start -= curve[-1][1]
+
     def generation_started(self, generation: int, indices: list[int]) -> None:
         self._t_gen = time.perf_counter()
 
