@@ -196,8 +196,9 @@ class EfficientZeroAgent(TorchAgent):
 
     @classmethod
     def reward_threshold(cls, task: dict[str, Any]) -> float | None:
-        """gymnasium's threshold for the env (fitness is the mean greedy return, on its scale)."""
-        return reward_threshold(cls.validate_task(task))
+        """gymnasium's threshold for the env (fitness is the mean greedy return, on its scale). Reads the
+        registry alone: the experiment's task is already validated, so no env is made again."""
+        return reward_threshold(task)
 
     @classmethod
     def replay_spec(cls, task: dict[str, Any]) -> ReplaySpec:

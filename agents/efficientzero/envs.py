@@ -99,6 +99,11 @@ class _ChannelFirst(gym.ObservationWrapper):
         return np.ascontiguousarray(x, dtype=np.uint8) * np.uint8(255) if self.binary else np.ascontiguousarray(x, np.uint8)
 
 
+def _is_user_class(env_id: str) -> bool:
+    """`package.module:Class` (a person's own env), not a registered id such as `ns/Name:v1`."""
+    return ":" in env_id and "/" not in env_id.split(":")[0]
+
+
 def _user_env(spec: str, kwargs: dict[str, Any]) -> gym.Env:
     module_name, _, attr = spec.partition(":")
     try:
@@ -124,7 +129,7 @@ def reward_threshold(task: Mapping[str, Any]) -> float | None:
     −110, LunarLander-v3 200): the return at which the task counts as solved. None for ids without
     one (MinAtar's, Atari's) and for a person's own `package.module:Class`."""
     env_id = task["env_id"]
-    if ":" in env_id and "/" not in env_id.split(":")[0]:
+    if _is_user_class(env_id):
         return None
     _registered(env_id)
     try:
@@ -145,7 +150,7 @@ def make_env(task: Mapping[str, Any]) -> gym.Env:
     env_id, kwargs = task["env_id"], dict(task.get("env_kwargs") or {})
     if is_atari(env_id):
         return make_atari(env_id, kwargs, task["atari"])
-    if ":" in env_id and "/" not in env_id.split(":")[0]:
+    if _is_user_class(env_id):
         env = _user_env(env_id, kwargs)
     else:
         _registered(env_id)
