@@ -247,9 +247,13 @@ def reached_stop_score(store: RunStore, exp: Experiment, generation: int) -> boo
     if not rows or not rows[0]["score"] >= target:  # best score first
         return False
     if not store.get("stopped_at_score"):
-        store.set(stopped_at_score=json.dumps({"generation": generation, "member": rows[0]["index"],
-                                               "score": rows[0]["score"], "target": target}))
+        store.set(stopped_at_score=stop_record(generation, rows[0]["index"], rows[0]["score"], target))
     return True
+
+
+def stop_record(generation: int | None, member: int, score: float, target: float) -> str:
+    """The run key `stopped_at_score` (sync and async runs alike; evo.api.stop_reason words it)."""
+    return json.dumps({"generation": generation, "member": member, "score": score, "target": target})
 
 
 def record_failures(store: RunStore, generation: int, results: list[MemberResult]) -> list[Failure]:

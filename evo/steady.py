@@ -138,7 +138,7 @@ class _Slot:
 def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentContext,
                  generations: int | None = None, observer: RunObserver | None = None) -> None:
     """Run (or continue) an asynchronous evolution until its budget is spent (module docstring)."""
-    from evo.population import initial_population
+    from evo.population import initial_population, stop_record
 
     observer = observer or RunObserver()
     total = generations or exp.population.generations
@@ -180,11 +180,11 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
 
     # population.stop_at_score: reached by a round judged before (a resumed run), or by one judged below
     target = exp.stop_score
-    reached = [(p.score, index) for index, line in lines.items() for p in line if target is not None and p.score >= target]
+    reached = [] if target is None else [(p.score, i) for i, line in lines.items() for p in line if p.score >= target]
     stopped = bool(reached)
     if stopped and not store.get("stopped_at_score"):
         score, index = max(reached)
-        store.set(stopped_at_score=json.dumps({"generation": None, "member": index, "score": score, "target": target}))
+        store.set(stopped_at_score=stop_record(None, index, score, target))
 
     def exhausted() -> bool:
         if dispatched >= size * total or stopped:
@@ -233,8 +233,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                 ev = commit[0]
                 if target is not None and not stopped and ev is not None and ev.score >= target:
                     stopped = True  # rounds in flight finish; none starts
-                    note = json.dumps({"generation": commit[2], "member": ev.record.index, "score": ev.score,
-                                       "target": target})
+                    note = stop_record(commit[2], ev.record.index, ev.score, target)
                     writer.put(lambda st, n=note: st.set(stopped_at_score=n))
                 if commit[1][0].index == next_index:
                     next_index += 1
