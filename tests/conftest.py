@@ -59,6 +59,23 @@ def evo_in_process(args: list[str], cwd: Path, capsys: pytest.CaptureFixture,
     return code, out.out, out.err
 
 
+def evolve_toy(runs_dir: Path, overrides: dict, name: str = "r", backend: str = "inline"):
+    """The toy experiment with `overrides`, evolved in this process to its end in a new run store
+    under `runs_dir` (no CLI): the store, for tests of the engine's loop itself."""
+    from evo.population import evolve, start_backend
+    from evo.runstore import RunStore
+    from evo.spec import load_experiment
+
+    exp, text = load_experiment(TOY_EXPERIMENT, overrides)
+    store = RunStore.create(runs_dir, name, text, exp.to_json())
+    scheduler, context = start_backend(exp, backend)
+    try:
+        evolve(exp, store, scheduler, context)
+    finally:
+        scheduler.close()
+    return store
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")

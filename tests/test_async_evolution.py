@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from evo.cli import main
-from evo.population import evolve, start_backend
 from evo.runstore import RunStore
 from evo.spec import load_experiment
-from tests.conftest import TOY_EXPERIMENT, run_evo
+from tests.conftest import TOY_EXPERIMENT, evolve_toy, run_evo
 
 ASYNC = {"population.mode": "async"}
 
@@ -43,14 +42,7 @@ def async_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(tmp_path: Path, overrides: dict, backend: str = "inline", name: str = "r") -> RunStore:
-    exp, text = load_experiment(TOY_EXPERIMENT, {**ASYNC, **overrides})
-    store = RunStore.create(tmp_path, name, text, exp.to_json())
-    scheduler, context = start_backend(exp, backend)
-    try:
-        evolve(exp, store, scheduler, context)
-    finally:
-        scheduler.close()
-    return store
+    return evolve_toy(tmp_path, {**ASYNC, **overrides}, name, backend)
 
 
 def test_an_async_run_trains_its_budget_of_rounds_and_judges_each_at_once(tmp_path: Path) -> None:

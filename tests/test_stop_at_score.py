@@ -12,22 +12,15 @@ import pytest
 from evo.population import evolve, start_backend
 from evo.runstore import RunStore
 from evo.spec import SpecError, load_experiment
-from tests.conftest import TOY_EXPERIMENT, evo_in_process
+from tests.conftest import TOY_EXPERIMENT, evo_in_process, evolve_toy
 
 # The toy agent's fitness is minus a validation MSE: always ≤ 0, so -1e9 is reached by the first
 # evaluation and 1.0 never.
 REACHED, NEVER = -1e9, 1.0
 
 
-def _run(tmp_path: Path, overrides: dict, name: str = "r") -> RunStore:
-    exp, text = load_experiment(TOY_EXPERIMENT, {"population.generations": 3, **overrides})
-    store = RunStore.create(tmp_path, name, text, exp.to_json())
-    scheduler, context = start_backend(exp, "inline")
-    try:
-        evolve(exp, store, scheduler, context)
-    finally:
-        scheduler.close()
-    return store
+def _run(tmp_path: Path, overrides: dict) -> RunStore:
+    return evolve_toy(tmp_path, {"population.generations": 3, **overrides})
 
 
 def test_a_sync_run_stops_after_the_generation_that_reached_the_score(tmp_path: Path) -> None:
