@@ -102,15 +102,15 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
     else:
         elite, parents = tournament_select(scores, len(members), exp.selection.tournament_size,
                                            exp.selection.elitism, rng, eligible=eligible)
+    kept = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible) if sel.keep_unbeaten else {}
     next_index = max(m.index for m in members) + 1
     out: list[Member] = []
-    if elite is not None:
-        e = members[elite]
-        # the elite survives unmutated and keeps its index, history and random streams
-        out.append(Member(MemberRecord(e.index, e.record.parent, e.record.born, e.record.mutation,
-                                       dict(e.agent.arch), dict(e.agent.hparams), list(e.record.history)),
-                          e.agent.clone(e.index)))
+    if elite is not None:  # the elite survives unmutated
+        out.append(_survivor(members[elite]))
     for slot, pos in enumerate(parents):
+        if slot in kept:
+            out.append(_survivor(members[kept[slot]]))
+            continue
         parent = members[pos]
         # a child's own streams, from (run seed, its index, its birth generation): an unmutated
         # clone must explore, not retrace its parent's training draw for draw
@@ -126,6 +126,28 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
                                        dict(child.arch), dict(child.hparams), []), child))
         next_index += 1
     return out
+
+
+def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: Sequence[int],
+                   tolerance: float, eligible: Sequence[bool] | None = None) -> dict[int, int]:
+    """`selection.keep_unbeaten`: the parent slots whose own member survives, of `n` members. Slot k
+    belongs to the k-th member other than the elite; it is kept when that member trained (is `eligible`) and its
+    tournament's winner does not score more than `tolerance` above it. Returns {slot: position}.
+
+    Without it every non-elite slot is overwritten by a clone, so while all members tie (at a
+    floor score) a coin toss decides whose weights survive, and progress the evaluation cannot yet
+    see is lost; with it a member is replaced only by one that beats it (PBT's exploit rule)."""
+    owners = [p for p in range(n) if p != elite]
+    ok = [True] * n if eligible is None else list(eligible)
+    return {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
+            if ok[own] and not scores[winner] > scores[own] + tolerance}
+
+
+def _survivor(member: Member) -> Member:
+    """`member` into the next generation unmutated: its index, history and random streams kept."""
+    rec = member.record
+    return Member(MemberRecord(rec.index, rec.parent, rec.born, rec.mutation, dict(member.agent.arch),
+                               dict(member.agent.hparams), list(rec.history)), member.agent.clone(rec.index))
 
 
 def start_backend(exp: Experiment, backend: str, address: str | None = None) -> tuple[Scheduler, AgentContext]:

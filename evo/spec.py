@@ -120,6 +120,9 @@ class SelectionSpec(_Strict):
     tie_tolerance: float = Field(default=0.0, ge=0, description="scores this close count as tied")
     founder_lines: int = Field(default=0, ge=0, description="keep at least this many founders' lines alive "
                                                             "(each by its best member), so one founder cannot take all")
+    keep_unbeaten: bool = Field(default=False, description="a member keeps its slot (continues unmutated) unless "
+                                                           "its tournament's winner scores more than tie_tolerance "
+                                                           "above it: no coin-toss overwrites while scores tie")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
 

@@ -15,6 +15,8 @@ member is scored and judged at once, against the latest scores of the others:
 * if the finisher wins, it continues into its next round unmutated; otherwise its slot gets a
   mutated clone of the winner (the winner's latest trained state, and its line), which starts at
   the winner's round: a round counts training, so a clone of a member 5 rounds in starts round 5;
+* `selection.keep_unbeaten`: the finisher continues unless the winner scores more than
+  `selection.tie_tolerance` above it (a tie, at a floor score say, overwrites nobody);
 * `selection.founder_lines`: a member whose founder's line would leave the population, while no
   more than that many lines are alive, continues instead.
 
@@ -384,6 +386,9 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
             best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
                                   exp.selection.tie_tolerance, secondary or "secondary")
             winner = entrants[best]
+            if (exp.selection.keep_unbeaten and enters and best != 0
+                    and not points[best].score > points[0].score + exp.selection.tie_tolerance):
+                winner, why = s, "unbeaten"  # a tie does not overwrite the finisher (selection.keep_unbeaten)
     if (winner is not None and winner is not s and s.ok and stopped_at is None and not exp.selection.clone_behind
             and winner.round < round_ + 1):  # the winner has trained fewer rounds: no going back (clone_behind)
         winner, why = s, "winner behind"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
-from evo.population import evolve, start_backend
+from evo.population import evolve, start_backend, unbeaten_slots
 from evo.runstore import RunStore
 from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
 from evo.spec import SpecError, load_experiment
-from tests.conftest import TOY_EXPERIMENT
+from tests.conftest import TOY_EXPERIMENT, evolve_toy
 
 
 def _line(*points: tuple[float, float]) -> list[LinePoint]:
@@ -87,6 +87,44 @@ def test_informed_selection_in_a_sync_run_records_what_decided(tmp_path) -> None
     for g in range(store.last_completed_generation() + 1):
         alive = {founders[e["index"]] for e in store.evaluations(g)}
         assert len(alive) >= 2, f"generation {g}: one founder took all"
+
+
+def test_a_member_is_replaced_only_by_a_winner_that_beats_it() -> None:
+    # 4 members, the elite at position 1: parent slots 0, 1, 2 belong to positions 0, 2, 3
+    floor = [-200.0, -200.0, -200.0, -200.0]
+    assert unbeaten_slots(4, floor, 1, [3, 0, 2], 0.0) == {0: 0, 1: 2, 2: 3}  # all tie: nobody is overwritten
+    scores = [-200.0, -150.0, -200.0, -190.0]
+    assert unbeaten_slots(4, scores, 1, [1, 0, 1], 0.0) == {1: 2}  # slots 0 and 2 lose to the elite; 1 ties
+    assert unbeaten_slots(4, scores, 1, [1, 0, 1], 45.0) == {1: 2, 2: 3}  # -150 is within 45 of -190, not of -200
+    assert unbeaten_slots(4, floor, 1, [3, 0, 2], 0.0, eligible=[True, True, False, True]) == {0: 0, 2: 3}  # failed
+    assert unbeaten_slots(3, [1.0, 2.0, 3.0], None, [2, 2, 2], 0.0) == {2: 2}  # no elitism: a slot per member
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_keep_unbeaten_overwrites_nobody_while_every_score_ties(tmp_path, mode: str) -> None:
+    # a tolerance wider than any score gap: every member ties, so no member is ever replaced
+    store = evolve_toy(tmp_path, {"population.mode": mode, "selection.keep_unbeaten": True,
+                                  "selection.tie_tolerance": 1e9})
+    assert {m["index"] for m in store.all_members()} == {0, 1, 2, 3}
+    last = store.last_completed_generation()
+    assert last >= 2 and {e["index"] for e in store.evaluations(last)} == {0, 1, 2, 3}
+    # without it, the same run overwrites members by coin toss
+    store = evolve_toy(tmp_path, {"population.mode": mode, "selection.tie_tolerance": 1e9}, name="blind")
+    assert {m["index"] for m in store.all_members()} > {0, 1, 2, 3}
+
+
+def test_keep_unbeaten_keeps_every_member_that_shares_the_best_score(tmp_path) -> None:
+    store = evolve_toy(tmp_path, {"selection.keep_unbeaten": True, "population.generations": 4})
+    replaced = 0
+    for g in range(store.last_completed_generation()):
+        now = store.evaluations(g)
+        after = {e["index"] for e in store.evaluations(g + 1)}
+        top = max(e["score"] for e in now)
+        assert {e["index"] for e in now if e["score"] == top} <= after  # nobody beats the best
+        replaced += sum(e["index"] not in after for e in now)
+        # a replaced member always scored below the best of its generation
+        assert all(e["score"] < top for e in now if e["index"] not in after)
+    assert replaced > 0, "the toy run's scores differ: someone should have been beaten"
 
 
 def test_the_new_fields_are_checked() -> None:
