@@ -60,6 +60,17 @@ def test_the_no_architecture_ablation_gives_its_share_to_no_mutation():
     assert set(VARIANTS) <= set(STRATEGIES) | set(ABLATIONS)
 
 
+def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
+    from benchmarks.hpo.evo_strategy import KEEP_UNBEATEN
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=0, regime="scratch")
+    ablated, _ = load(t, seed=0, regime="scratch", **KEEP_UNBEATEN)
+    assert ablated.selection.keep_unbeaten and not exp.selection.keep_unbeaten
+    assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
+    assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
+
+
 def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     curve = [[100, 1.0, 10.0], [200, 2.0, 480.0], [300, 3.0, 300.0]]
     assert summarise(curve, 475) == {"steps_to_target": 200, "seconds_to_target": 2.0, "final_best": 300.0,

@@ -104,9 +104,14 @@ EQUAL_SECONDS = {"selection.equal_compute": "member_seconds"}
 # kinds keep theirs), to measure what growing members costs in CPU per env step and what it buys
 NO_ARCHITECTURE = {"mutation.architecture": 0.0, "mutation.no_mutation": 0.6}
 
+# `evo-unbeaten`: evo (sync) where a member keeps its slot unless its tournament's winner beats it
+# (selection.keep_unbeaten), so founders tied at the floor are not overwritten by coin toss
+KEEP_UNBEATEN = {"selection.keep_unbeaten": True}
+
 #: every evo strategy of the benchmark and the experiment settings it changes
 VARIANTS: dict[str, dict[str, Any]] = {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION,
-                                        "evo-seconds": EQUAL_SECONDS, "evo-noarch": NO_ARCHITECTURE}
+                                        "evo-seconds": EQUAL_SECONDS, "evo-noarch": NO_ARCHITECTURE,
+                                        "evo-unbeaten": KEEP_UNBEATEN}
 
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,

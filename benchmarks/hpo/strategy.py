@@ -4,7 +4,7 @@
         [--quick] --out R.json
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or an ablation of evo (evo-nomut, evo-seconds,
-evo-noarch; `ABLATIONS` says what each switches off, `evo_strategy.VARIANTS` how).
+evo-noarch, evo-unbeaten; `ABLATIONS` says what each switches off, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ STRATEGIES = ("evo", "evo-async", "random", "pbt", "agilerl", "pb2")
 ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament selection and the shared replay only",
              "evo-seconds": "evo judging members at equal member-seconds (selection.equal_compute): "
                             "a member that spends more seconds per env step must earn them",
-             "evo-noarch": "evo with no architecture mutation: what growing members costs per env step and buys"}
+             "evo-noarch": "evo with no architecture mutation: what growing members costs per env step and buys",
+             "evo-unbeaten": "evo where a member is replaced only by a tournament winner that beats it "
+                             "(selection.keep_unbeaten): no coin-toss overwrites among tied members"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
