@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
-from evo.population import evolve, start_backend, unbeaten_slots
-from evo.runstore import RunStore
+from evo.population import unbeaten_slots
 from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
 from evo.spec import SpecError, load_experiment
 from tests.conftest import TOY_EXPERIMENT, evolve_toy
@@ -73,11 +72,8 @@ def test_founder_lines_survive_a_takeover() -> None:
 
 
 def test_informed_selection_in_a_sync_run_records_what_decided(tmp_path) -> None:
-    exp, text = load_experiment(TOY_EXPERIMENT, {"selection.equal_compute": "updates", "selection.secondary": "val_mse",
-                                                 "selection.founder_lines": 2, "population.initial": "sample"})
-    store = RunStore.create(tmp_path, "r", text, exp.to_json())
-    scheduler, context = start_backend(exp, "inline")
-    evolve(exp, store, scheduler, context)
+    store = evolve_toy(tmp_path, {"selection.equal_compute": "updates", "selection.secondary": "val_mse",
+                                  "selection.founder_lines": 2, "population.initial": "sample"})
     children = [m for m in store.all_members() if m["parent"] is not None]
     assert children and all(m["mutation"]["details"]["selected_by"] in
                             ("score", "secondary:val_mse", "random tie", "founder line kept") for m in children)
@@ -139,12 +135,9 @@ def test_the_new_fields_are_checked() -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_model_guided_children_learn_from_the_runs_rounds(tmp_path, mode: str) -> None:
     pytest.importorskip("sklearn")
-    exp, text = load_experiment(TOY_EXPERIMENT, {
+    store = evolve_toy(tmp_path, {
         "population.mode": mode, "population.generations": 4, "mutation.no_mutation": 0.0, "mutation.architecture": 0.0,
         "mutation.parameters": 0.0, "mutation.activation": 0.0, "mutation.rl_hp": 0.0, "mutation.model_guided": 1.0})
-    store = RunStore.create(tmp_path, "r", text, exp.to_json())
-    scheduler, context = start_backend(exp, "inline")
-    evolve(exp, store, scheduler, context)
     records = [m["mutation"] for m in store.all_members() if m["parent"] is not None]
     assert records and all(r["kind"] == "model_guided" for r in records)
     guided = [r for r in records if "observations" in r.get("details", {})]
