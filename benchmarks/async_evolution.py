@@ -107,7 +107,8 @@ def _experiment(agent: str, mode: str, size: int, generations: int, steps: int, 
         data["population"].update({"size": size, "generations": generations, "steps_per_generation": steps,
                                    "initial": "sample", "mode": mode})
         data.setdefault("resources", {}).update({"num_workers": workers, "cpus_per_member": 1})
-        data.setdefault("selection", {})["clone_behind"] = clone_behind
+        # the plain tournament the committed results used (the file turned keep_unbeaten on after them)
+        data.setdefault("selection", {}).update({"clone_behind": clone_behind, "keep_unbeaten": False})
     return data
 
 

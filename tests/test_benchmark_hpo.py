@@ -61,14 +61,20 @@ def test_the_no_architecture_ablation_gives_its_share_to_no_mutation():
 
 
 def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
-    from benchmarks.hpo.evo_strategy import KEEP_UNBEATEN
+    """evo-unbeaten differs from evo by keep_unbeaten alone; every other evo strategy keeps the plain
+    tournament its committed runs used, though the main job's file now turns keep_unbeaten on."""
+    from benchmarks.hpo.evo_strategy import VARIANTS
 
     t = task("cartpole", quick=True)
-    exp, _ = load(t, seed=0, regime="scratch")
-    ablated, _ = load(t, seed=0, regime="scratch", **KEEP_UNBEATEN)
+    file_exp, _ = load(t, seed=0, regime="scratch")
+    assert file_exp.selection.keep_unbeaten                     # the shipped file's rule
+    exp, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo"])
+    ablated, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo-unbeaten"])
     assert ablated.selection.keep_unbeaten and not exp.selection.keep_unbeaten
     assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
+    for name, changes in VARIANTS.items():
+        assert changes["selection.keep_unbeaten"] is (name == "evo-unbeaten"), name
 
 
 def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():

@@ -108,10 +108,17 @@ NO_ARCHITECTURE = {"mutation.architecture": 0.0, "mutation.no_mutation": 0.6}
 # (selection.keep_unbeaten), so founders tied at the floor are not overwritten by coin toss
 KEEP_UNBEATEN = {"selection.keep_unbeaten": True}
 
+# Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
+# its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
+# below starts from the plain tournament, so `evo` and the ablations stay what the committed results
+# (and `--reuse`) measured, whatever the file says; `evo-unbeaten` is the file's current rule.
+PLAIN_TOURNAMENT = {"selection.keep_unbeaten": False}
+
 #: every evo strategy of the benchmark and the experiment settings it changes
-VARIANTS: dict[str, dict[str, Any]] = {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION,
-                                        "evo-seconds": EQUAL_SECONDS, "evo-noarch": NO_ARCHITECTURE,
-                                        "evo-unbeaten": KEEP_UNBEATEN}
+VARIANTS: dict[str, dict[str, Any]] = {
+    name: {**PLAIN_TOURNAMENT, **changes}
+    for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
+                          "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN}.items()}
 
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
