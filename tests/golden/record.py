@@ -35,6 +35,9 @@ TINY: dict[str, dict[str, dict[str, Any]]] = {
         "agent.task": {"num_envs": 2, "eval_episodes": 2, "min_replay": 16},
         "agent.hparams": {"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}},
         "mutation": {"no_mutation": 0.1, "architecture": 0.4, "parameters": 0.2, "rl_hp": 0.3},
+        # the file keeps unbeaten members; at this budget most scores tie, so with it nearly every slot
+        # would continue unmutated and the recording would exercise almost no mutation
+        "selection": {"keep_unbeaten": False},
     },
     "randomwalks_ilql": {
         "": {"seed": 3, "backend": "inline"},
