@@ -195,8 +195,10 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
 
     def dispatch() -> None:
         nonlocal dispatched
-        while not exhausted() and len(in_flight) < scheduler.capacity:
+        while len(in_flight) < scheduler.capacity:
             idle = [s for s in slots if s.slot not in in_flight]
+            if exhausted():  # no round starts, but one past a rung trains its remaining parts and is judged
+                idle = [s for s in idle if s.segment > 0]
             if not idle:
                 return
             s = min(idle, key=lambda x: (x.round, x.slot))  # fewest rounds first: no slot runs far ahead
@@ -418,7 +420,9 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     lines[next_index] = list(lines[parent.record.index])
     founders[next_index] = founders.get(parent.record.index, parent.record.index)
     s.record, s.agent, s.round, s.ok, s.failures = new, child, start_round, False, 0
-    s.start = lines[next_index][-1].compute if lines[next_index] else Compute()
+    # the compute the cloned state embodies: a parent past a rung has trained part of a round more than
+    # its line's last point, and `spent` already counts that part (the clone's first round must not)
+    s.start = parent.start
     return (ev, (_frozen(new), start_round, clone_tree(child.get_state())), round_, failures), cost
 
 

@@ -147,6 +147,38 @@ def test_rungs_stop_members_behind_and_report_the_steps_saved(tmp_path: Path) ->
     assert replaced == {e["index"] for e in stopped}  # every stopped member's slot went to a clone of another
 
 
+def test_rounds_past_a_rung_finish_after_the_last_round_has_started(tmp_path: Path) -> None:
+    # rung_keep near 1: no member is ever behind, so every round trains all of its steps, the last too
+    store = _run(tmp_path, {"population.generations": 3, "population.rungs": [0.25, 0.5], "population.rung_keep": 0.99})
+    stats = json.loads(store.get("rung_stats"))
+    assert stats == {"stopped": 0, "rungs_passed": 2 * 3 * 4, "env_steps_saved": 0}
+    assert int(store.get("rounds_done")) == 3 * 4 and len(store.all_evaluations()) == 3 * 4
+    assert store.spent().env_steps == 3 * 4 * 30
+
+
+def test_a_clone_of_a_member_past_a_rung_is_not_charged_twice(tmp_path: Path) -> None:
+    """Two rounds in flight (as on two Ray workers, here inline and in order): a member is judged while
+    a rival is between the parts of its round, so the rival's mid-round state is what gets cloned. The
+    agent counts env steps cumulatively (as EfficientZero does); what the run spent must be what was
+    trained, once: every round's steps less those its rung stopped."""
+    from evo.agent import AgentContext
+    from evo.population import evolve
+    from evo.scheduler.inline import InlineScheduler
+
+    class TwoInFlight(InlineScheduler):
+        capacity = 2
+
+    exp, text = load_experiment(TOY_EXPERIMENT, {**ASYNC, "agent.kind": "tests.toy_agent:CountingToyAgent",
+                                                 "population.generations": 6, "population.rungs": [0.25, 0.5],
+                                                 "population.initial": "scratch"})
+    store = RunStore.create(tmp_path, "two", text, exp.to_json())
+    evolve(exp, store, TwoInFlight(threads=1, context=AgentContext(task=exp.task, seed=exp.seed)),
+           AgentContext(task=exp.task, seed=exp.seed))
+    stats = json.loads(store.get("rung_stats"))
+    assert stats["stopped"] > 0 and int(store.get("rounds_done")) == 6 * 4
+    assert store.spent().env_steps == 6 * 4 * 30 - stats["env_steps_saved"]
+
+
 def test_rungs_need_async_mode() -> None:
     from evo.spec import SpecError
 

@@ -142,3 +142,13 @@ class ToyAgent(TorchAgent):
         agent.restore_rng(state["rng"])
         return agent
 
+
+
+class CountingToyAgent(ToyAgent):
+    """The toy agent reporting its cumulative `env_steps` (one per training step, carried by clones and
+    checkpoints) as EfficientZero does, so the engine's compute accounting reads the agent's counter."""
+
+    kind = "tests.toy_agent:CountingToyAgent"
+
+    def train(self, steps: int) -> dict[str, float]:
+        return {**super().train(steps), "env_steps": float(self.steps_done)}
