@@ -1,9 +1,15 @@
 """Early stopping inside asynchronous evolution (`population.rungs`): compute saved, and the final best.
 
-    .venv/bin/python -m benchmarks.early_stopping [--quick] [--seeds K] [--rungs 0.25,0.5] --json OUT.json
+    .venv/bin/python -m benchmarks.early_stopping [--task toy|cartpole] [--quick] [--seeds K] [--rungs 0.25,0.5] --json OUT.json
 
-Per seed, three inline async runs of the toy regression agent (tests/toy_agent.py; founders drawn
-from the ranges), the same population and rounds:
+Per seed, three inline async runs, the same population and rounds, of either
+
+* `toy` (default): the toy regression agent (tests/toy_agent.py), 6 slots, founders drawn from the
+  ranges; fitness is minus the validation MSE (higher is better);
+* `cartpole`: EfficientZero on CartPole-v1, experiments/cartpole_efficientzero.toml as it is (its 4
+  tuned founders, 2,000 env steps per round), in async mode; fitness is the mean greedy return.
+
+The three runs:
 
 * `plain`: no rungs, `generations` rounds per slot (the reference's env steps: its budget);
 * `rungs, same rounds`: rungs on, the same number of member-rounds: the steps stopped rounds did not
@@ -11,17 +17,22 @@ from the ranges), the same population and rounds:
 * `rungs, same steps`: rungs on, `population.budget.env_steps` = plain's env steps: what stopping buys
   when the saved steps go to other rounds.
 
-Fitness is minus the validation MSE (higher is better). Reported: medians over seeds, and the
-median differences to `plain` with bootstrap 95% intervals (benchmarks/hpo/stats.py).
+Reported per run: the best fitness seen, the best of its last round, env steps, updates and
+member-seconds spent; per seed the share of env steps and of member-seconds the rungs saved; medians
+over seeds, and the median differences to `plain` with bootstrap 95% intervals (benchmarks/hpo/stats.py).
+Rounds run one at a time in one process (the inline backend), so env steps and scores do not depend
+on the machine's load; member-seconds do (the load average is recorded per seed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +40,40 @@ from benchmarks.hpo.stats import bootstrap_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# task -> (experiment file, overrides every run of it gets, default rounds per slot, rounds with --quick)
+TASKS: dict[str, tuple[Path, dict[str, Any], int, int]] = {
+    "toy": (ROOT / "tests" / "experiments" / "toy.toml", {"population.initial": "scratch", "population.size": 6}, 8, 4),
+    "cartpole": (ROOT / "experiments" / "cartpole_efficientzero.toml", {}, 6, 2),
+}
 
-def run(seed: int, generations: int, rungs: list[float], budget: int | None, runs_dir: str) -> dict[str, Any]:
+
+def run(task: str, seed: int, generations: int, rungs: list[float], budget: int | None, runs_dir: str,
+        quick: bool = False) -> dict[str, Any]:
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
     from evo.spec import load_experiment
 
-    overrides: dict[str, Any] = {"seed": seed, "population.mode": "async", "population.initial": "scratch",
-                                 "population.size": 6, "population.generations": generations,
-                                 "population.rungs": rungs}
+    path, task_overrides, _, _ = TASKS[task]
+    overrides: dict[str, Any] = {**task_overrides, "seed": seed, "population.mode": "async",
+                                 "population.generations": generations, "population.rungs": rungs}
+    if quick and task == "cartpole":
+        overrides["population.steps_per_generation"] = 400
     if budget is not None:
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": generations * 4})
-    exp, text = load_experiment(ROOT / "tests" / "experiments" / "toy.toml", overrides)
-    store = RunStore.create(runs_dir, f"s{seed}-{len(rungs)}-{budget}", text, exp.to_json())
+    exp, text = load_experiment(path, overrides)
+    store = RunStore.create(runs_dir, f"{task}-s{seed}-{len(rungs)}-{budget}", text, exp.to_json())
     scheduler, context = start_backend(exp, "inline")
-    evolve(exp, store, scheduler, context)
+    t0 = time.perf_counter()
+    try:
+        evolve(exp, store, scheduler, context)
+    finally:
+        scheduler.close()
+    wall = time.perf_counter() - t0
     evs = store.all_evaluations()
     final_round = max(e["generation"] for e in evs)
-    out = {"best": max(e["score"] for e in evs), "env_steps": store.spent().env_steps,
+    spent = store.spent()
+    out = {"best": max(e["score"] for e in evs), "env_steps": spent.env_steps, "updates": spent.updates,
+           "member_s": spent.member_s, "wall_s": wall,
            "last_round_best": max(e["score"] for e in evs if e["generation"] == final_round),
            "rung_stats": json.loads(store.get("rung_stats") or "{}")}
     store.close()
@@ -55,33 +82,49 @@ def run(seed: int, generations: int, rungs: list[float], budget: int | None, run
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", choices=sorted(TASKS), default="toy")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--seeds", type=int, default=8)
-    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--seeds", type=int, help="seeds per arm (default 8; 3 with --quick)")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--generations", type=int, help="rounds per slot (default: 8 toy, 6 cartpole)")
     p.add_argument("--rungs", default="0.25,0.5")
+    p.add_argument("--reuse", action="store_true", help="keep the seeds --json already holds, run the others")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    _, _, generations, quick_generations = TASKS[args.task]
     if args.quick:
-        args.seeds, args.generations = 3, 4
+        generations = quick_generations
+    args.seeds = args.seeds or (3 if args.quick else 8)
+    generations = args.generations or generations
     rungs = [float(x) for x in args.rungs.split(",")]
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if args.reuse and args.json and Path(args.json).exists():
+        rows = json.loads(Path(args.json).read_text())["rows"]
+    done = {r["seed"] for r in rows}
     with tempfile.TemporaryDirectory(prefix="evo-rungs-") as runs_dir:
-        for seed in range(args.seeds):
-            plain = run(seed, args.generations, [], None, runs_dir)
-            same_rounds = run(seed, args.generations, rungs, None, runs_dir)
-            same_steps = run(seed, args.generations, rungs, int(plain["env_steps"]), runs_dir)
-            row = {"seed": seed, "load_avg_1m": os.getloadavg()[0], "plain": plain, "rungs_same_rounds": same_rounds,
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            if seed in done:
+                continue
+            load = os.getloadavg()[0]
+            plain = run(args.task, seed, generations, [], None, runs_dir, args.quick)
+            same_rounds = run(args.task, seed, generations, rungs, None, runs_dir, args.quick)
+            same_steps = run(args.task, seed, generations, rungs, int(plain["env_steps"]), runs_dir, args.quick)
+            row = {"seed": seed, "load_avg_1m": load, "plain": plain, "rungs_same_rounds": same_rounds,
                    "rungs_same_steps": same_steps,
-                   "saved_fraction": 1 - same_rounds["env_steps"] / plain["env_steps"]}
+                   "saved_fraction": 1 - same_rounds["env_steps"] / plain["env_steps"],
+                   "saved_member_s_fraction": 1 - same_rounds["member_s"] / max(plain["member_s"], 1e-9)}
             print(json.dumps(row), flush=True)
             rows.append(row)
+            if args.json:  # after every seed: an interrupted run keeps what it finished (--reuse)
+                Path(args.json).write_text(json.dumps({"task": args.task, "rows": rows}, indent=2))
 
     def col(name: str, key: str) -> list[float]:
         return [r[name][key] for r in rows]
 
     summary = {
-        "rungs": rungs, "seeds": args.seeds, "generations": args.generations, "population": 6,
+        "task": args.task, "rungs": rungs, "seeds": len(rows), "generations": generations,
         "median_saved_fraction": statistics.median(r["saved_fraction"] for r in rows),
+        "median_saved_member_s_fraction": statistics.median(r.get("saved_member_s_fraction", math.nan) for r in rows),
         "median_best": {k: statistics.median(col(k, "best")) for k in ("plain", "rungs_same_rounds", "rungs_same_steps")},
         "rungs_same_rounds_minus_plain": bootstrap_difference(col("rungs_same_rounds", "best"), col("plain", "best")),
         "rungs_same_steps_minus_plain": bootstrap_difference(col("rungs_same_steps", "best"), col("plain", "best")),
