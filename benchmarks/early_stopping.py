@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     rungs = [float(x) for x in args.rungs.split(",")]
     rows: list[dict[str, Any]] = []
     if args.reuse and args.json and Path(args.json).exists():
-        rows = json.loads(Path(args.json).read_text())["rows"]
+        before = json.loads(Path(args.json).read_text())
+        if before.get("task", "toy") != args.task:
+            p.error(f"--reuse: {args.json} holds task {before.get('task', 'toy')!r}, not {args.task!r}")
+        rows = before["rows"]
     done = {r["seed"] for r in rows}
     with tempfile.TemporaryDirectory(prefix="evo-rungs-") as runs_dir:
         for seed in range(args.first_seed, args.first_seed + args.seeds):

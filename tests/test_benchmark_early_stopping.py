@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import early_stopping
 
 
@@ -35,3 +37,10 @@ def test_reuse_keeps_finished_seeds(tmp_path: Path, capsys) -> None:
     assert [r["seed"] for r in rows] == [0, 1] and rows[0] == first[0]
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith('{"seed"')]
     assert [json.loads(line)["seed"] for line in printed] == [1]  # seed 0 was not run again
+
+
+def test_reuse_refuses_another_tasks_results(tmp_path: Path) -> None:
+    out = tmp_path / "es.json"
+    out.write_text(json.dumps({"task": "cartpole", "rows": []}))
+    with pytest.raises(SystemExit):
+        early_stopping.main(["--quick", "--seeds", "1", "--reuse", "--json", str(out)])

@@ -143,7 +143,6 @@ class ToyAgent(TorchAgent):
         return agent
 
 
-
 class CountingToyAgent(ToyAgent):
     """The toy agent reporting its cumulative `env_steps` (one per training step, carried by clones and
     checkpoints) as EfficientZero does, so the engine's compute accounting reads the agent's counter."""
