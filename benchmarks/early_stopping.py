@@ -33,6 +33,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,20 @@ from benchmarks.hpo.stats import bootstrap_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# task -> (experiment file, overrides every run of it gets, default rounds per slot, rounds with --quick)
-TASKS: dict[str, tuple[Path, dict[str, Any], int, int]] = {
-    "toy": (ROOT / "tests" / "experiments" / "toy.toml", {"population.initial": "scratch", "population.size": 6}, 8, 4),
-    "cartpole": (ROOT / "experiments" / "cartpole_efficientzero.toml", {}, 6, 2),
+
+@dataclass(frozen=True)
+class Task:
+    path: Path                   # the experiment file
+    overrides: dict[str, Any]    # what every run of it changes
+    generations: int             # rounds per slot
+    quick: dict[str, Any]        # what --quick changes besides (rounds included)
+
+
+TASKS: dict[str, Task] = {
+    "toy": Task(ROOT / "tests" / "experiments" / "toy.toml", {"population.initial": "scratch", "population.size": 6},
+                8, {"population.generations": 4}),
+    "cartpole": Task(ROOT / "experiments" / "cartpole_efficientzero.toml", {}, 6,
+                     {"population.generations": 2, "population.steps_per_generation": 400}),
 }
 
 
@@ -53,14 +64,12 @@ def run(task: str, seed: int, generations: int, rungs: list[float], budget: int 
     from evo.runstore import RunStore
     from evo.spec import load_experiment
 
-    path, task_overrides, _, _ = TASKS[task]
-    overrides: dict[str, Any] = {**task_overrides, "seed": seed, "population.mode": "async",
+    t = TASKS[task]
+    overrides: dict[str, Any] = {**t.overrides, **(t.quick if quick else {}), "seed": seed, "population.mode": "async",
                                  "population.generations": generations, "population.rungs": rungs}
-    if quick and task == "cartpole":
-        overrides["population.steps_per_generation"] = 400
     if budget is not None:
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": generations * 4})
-    exp, text = load_experiment(path, overrides)
+    exp, text = load_experiment(t.path, overrides)
     store = RunStore.create(runs_dir, f"{task}-s{seed}-{len(rungs)}-{budget}", text, exp.to_json())
     scheduler, context = start_backend(exp, "inline")
     t0 = time.perf_counter()
@@ -91,11 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true", help="keep the seeds --json already holds, run the others")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    _, _, generations, quick_generations = TASKS[args.task]
-    if args.quick:
-        generations = quick_generations
+    t = TASKS[args.task]
     args.seeds = args.seeds or (3 if args.quick else 8)
-    generations = args.generations or generations
+    generations = args.generations or (t.quick["population.generations"] if args.quick else t.generations)
     rungs = [float(x) for x in args.rungs.split(",")]
     rows: list[dict[str, Any]] = []
     if args.reuse and args.json and Path(args.json).exists():

@@ -172,8 +172,8 @@ def test_a_clone_of_a_member_past_a_rung_is_not_charged_twice(tmp_path: Path) ->
                                                  "population.generations": 6, "population.rungs": [0.25, 0.5],
                                                  "population.initial": "scratch"})
     store = RunStore.create(tmp_path, "two", text, exp.to_json())
-    evolve(exp, store, TwoInFlight(threads=1, context=AgentContext(task=exp.task, seed=exp.seed)),
-           AgentContext(task=exp.task, seed=exp.seed))
+    context = AgentContext(task=exp.task, seed=exp.seed)
+    evolve(exp, store, TwoInFlight(threads=1, context=context), context)
     stats = json.loads(store.get("rung_stats"))
     assert stats["stopped"] > 0 and int(store.get("rounds_done")) == 6 * 4
     assert store.spent().env_steps == 6 * 4 * 30 - stats["env_steps_saved"]
