@@ -1,6 +1,7 @@
 """Early stopping inside asynchronous evolution (`population.rungs`): compute saved, and the final best.
 
-    .venv/bin/python -m benchmarks.early_stopping [--task toy|cartpole] [--quick] [--seeds K] [--rungs 0.25,0.5] --json OUT.json
+    .venv/bin/python -m benchmarks.early_stopping [--task toy|cartpole] [--quick] [--seeds K] [--rungs 0.25,0.5]
+        [--rung-metric NAME] [--no-same-steps] --json OUT.json
 
 Per seed, three inline async runs, the same population and rounds, of either
 
@@ -15,7 +16,10 @@ The three runs:
 * `rungs, same rounds`: rungs on, the same number of member-rounds: the steps stopped rounds did not
   train are the compute saved, and its final best shows what stopping cost;
 * `rungs, same steps`: rungs on, `population.budget.env_steps` = plain's env steps: what stopping buys
-  when the saved steps go to other rounds.
+  when the saved steps go to other rounds (`--no-same-steps` skips it).
+
+The rungs judge members on an evaluation's fitness, or with `--rung-metric` on that training metric
+(`population.rung_metric`, e.g. EfficientZero's `train_episode_return`), which costs no evaluation.
 
 Reported per run: the best fitness seen, the best of its last round, env steps, updates and
 member-seconds spent; per seed the share of env steps and of member-seconds the rungs saved; medians
@@ -59,7 +63,7 @@ TASKS: dict[str, Task] = {
 
 
 def run(task: str, seed: int, generations: int, rungs: list[float], budget: int | None, runs_dir: str,
-        quick: bool = False) -> dict[str, Any]:
+        quick: bool = False, rung_metric: str | None = None) -> dict[str, Any]:
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
     from evo.spec import load_experiment
@@ -67,6 +71,8 @@ def run(task: str, seed: int, generations: int, rungs: list[float], budget: int 
     t = TASKS[task]
     overrides: dict[str, Any] = {**t.overrides, **(t.quick if quick else {}), "seed": seed, "population.mode": "async",
                                  "population.generations": generations, "population.rungs": rungs}
+    if rungs and rung_metric:
+        overrides["population.rung_metric"] = rung_metric
     if budget is not None:
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": generations * 4})
     exp, text = load_experiment(t.path, overrides)
@@ -97,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--generations", type=int, help="rounds per slot (default: 8 toy, 6 cartpole)")
     p.add_argument("--rungs", default="0.25,0.5")
+    p.add_argument("--rung-metric", help="judge rungs on this training metric (population.rung_metric), not an "
+                                         "evaluation; a leading - (lower first) as --rung-metric=-loss")
+    p.add_argument("--no-same-steps", action="store_true", help="skip the `rungs, same steps` arm")
     p.add_argument("--reuse", action="store_true", help="keep the seeds --json already holds, run the others")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -109,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         before = json.loads(Path(args.json).read_text())
         if before.get("task", "toy") != args.task:
             p.error(f"--reuse: {args.json} holds task {before.get('task', 'toy')!r}, not {args.task!r}")
+        if before.get("rung_metric") != args.rung_metric:
+            p.error(f"--reuse: {args.json} judged rungs on {before.get('rung_metric')!r}, not {args.rung_metric!r}")
         rows = before["rows"]
     done = {r["seed"] for r in rows}
     with tempfile.TemporaryDirectory(prefix="evo-rungs-") as runs_dir:
@@ -117,27 +128,30 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             load = os.getloadavg()[0]
             plain = run(args.task, seed, generations, [], None, runs_dir, args.quick)
-            same_rounds = run(args.task, seed, generations, rungs, None, runs_dir, args.quick)
-            same_steps = run(args.task, seed, generations, rungs, int(plain["env_steps"]), runs_dir, args.quick)
+            same_rounds = run(args.task, seed, generations, rungs, None, runs_dir, args.quick, args.rung_metric)
             row = {"seed": seed, "load_avg_1m": load, "plain": plain, "rungs_same_rounds": same_rounds,
-                   "rungs_same_steps": same_steps,
                    "saved_fraction": 1 - same_rounds["env_steps"] / plain["env_steps"],
                    "saved_member_s_fraction": 1 - same_rounds["member_s"] / max(plain["member_s"], 1e-9)}
+            if not args.no_same_steps:
+                row["rungs_same_steps"] = run(args.task, seed, generations, rungs, int(plain["env_steps"]), runs_dir,
+                                              args.quick, args.rung_metric)
             print(json.dumps(row), flush=True)
             rows.append(row)
             if args.json:  # after every seed: an interrupted run keeps what it finished (--reuse)
-                Path(args.json).write_text(json.dumps({"task": args.task, "rows": rows}, indent=2))
+                Path(args.json).write_text(json.dumps({"task": args.task, "rung_metric": args.rung_metric,
+                                                       "rows": rows}, indent=2))
 
     def col(name: str, key: str) -> list[float]:
         return [r[name][key] for r in rows]
 
+    arms = [k for k in ("plain", "rungs_same_rounds", "rungs_same_steps") if all(k in r for r in rows)]
     summary = {
-        "task": args.task, "rungs": rungs, "seeds": len(rows), "generations": generations,
+        "task": args.task, "rung_metric": args.rung_metric, "rungs": rungs, "seeds": len(rows),
+        "generations": generations,
         "median_saved_fraction": statistics.median(r["saved_fraction"] for r in rows),
         "median_saved_member_s_fraction": statistics.median(r.get("saved_member_s_fraction", math.nan) for r in rows),
-        "median_best": {k: statistics.median(col(k, "best")) for k in ("plain", "rungs_same_rounds", "rungs_same_steps")},
-        "rungs_same_rounds_minus_plain": bootstrap_difference(col("rungs_same_rounds", "best"), col("plain", "best")),
-        "rungs_same_steps_minus_plain": bootstrap_difference(col("rungs_same_steps", "best"), col("plain", "best")),
+        "median_best": {k: statistics.median(col(k, "best")) for k in arms},
+        **{f"{k}_minus_plain": bootstrap_difference(col(k, "best"), col("plain", "best")) for k in arms[1:]},
         "rows": rows,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "rows"}, indent=2))

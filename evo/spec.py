@@ -84,6 +84,11 @@ class PopulationSpec(_Strict):
                                                                  "fractions of its steps (e.g. [0.25, 0.5])")
     rung_keep: float = Field(default=0.5, gt=0, lt=1, description="at a rung, a member outside this top share of "
                                                                   "the round's members at that rung stops")
+    rung_metric: str | None = Field(
+        default=None, min_length=1, pattern=r"^-?[^-]",
+        description="judge rungs on this training metric the agent reports (e.g. 'train_episode_return'; "
+                    "'-loss' ranks lower first) instead of an evaluation: a rung then costs no evaluation, and a "
+                    "member stopped there has none; None: the fitness of an evaluation at each rung")
 
     @field_validator("stop_at_score", mode="before")
     @classmethod
@@ -240,6 +245,9 @@ class ExperimentSpec(_Strict):
         if self.population.rungs and self.population.mode != "async":
             raise ValueError("population.rungs: expected population.mode = 'async' (rungs stop rounds early, "
                              "inside asynchronous evolution), found mode 'sync'")
+        if self.population.rung_metric is not None and not self.population.rungs:
+            raise ValueError(f"population.rung_metric: expected population.rungs to judge on, found none "
+                             f"(rung_metric = {self.population.rung_metric!r})")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")

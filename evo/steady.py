@@ -62,7 +62,7 @@ from evo.scheduler.base import MemberResult
 from evo.selection import fitness_score, pick_best
 from evo.spec import Experiment
 
-__all__ = ["evolve_async", "decision_rng", "rebuild_lines", "secondary_value"]
+__all__ = ["evolve_async", "decision_rng", "rebuild_lines", "rung_value", "secondary_value"]
 
 _TAG = 0xA5EC
 
@@ -178,6 +178,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     bounds = [round(steps * f) for f in exp.population.rungs] + [steps]
     segment_steps = [b - a for a, b in zip([0, *bounds[:-1]], bounds)]
     rung_records: dict[tuple[int, int], list[float]] = {}
+    rung_metric = exp.population.rung_metric
     rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
 
     # population.stop_at_score: reached by a round judged before (a resumed run), or by one judged below
@@ -202,7 +203,9 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
             if not idle:
                 return
             s = min(idle, key=lambda x: (x.round, x.slot))  # fewest rounds first: no slot runs far ahead
-            scheduler.submit(s.slot, s.agent, segment_steps[s.segment], s.round, observer)
+            # a rung judged on a training metric needs no evaluation: only a round's last part has one
+            scheduler.submit(s.slot, s.agent, segment_steps[s.segment], s.round, observer,
+                             evaluate=rung_metric is None or s.segment == len(segment_steps) - 1)
             in_flight.add(s.slot)
             dispatched += s.segment == 0
 
@@ -219,7 +222,11 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                 seg = segment_steps[s.segment]
                 stop = False
                 if s.segment < len(segment_steps) - 1 and not result.failed:
-                    stop = _behind_at_rung(exp, slots, s, result, rung_records, lines, founders)
+                    value = rung_value(rung_metric, result)
+                    if math.isnan(value):  # nothing to judge on (no training episode ended, say): it goes on
+                        rung_stats["unjudged"] = rung_stats.get("unjudged", 0) + 1
+                    else:
+                        stop = _behind_at_rung(exp, slots, s, value, rung_records, lines, founders)
                     if not stop:  # on to the round's next part: nothing is judged or written yet
                         after = round_compute(s.start, seg, result.train_metrics, result.wall_s)
                         spent, s.start, s.agent = spent + (after - s.start), after, result.agent
@@ -262,14 +269,27 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     store.set(status="completed", rounds_done=rounds_done)
 
 
-def _behind_at_rung(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult,
+def rung_value(metric: str | None, result: MemberResult) -> float:
+    """What a rung judges a member on (higher is better): its evaluation's fitness, or with
+    `population.rung_metric` that training metric (negated for a leading '-'); NaN where the agent
+    did not report a finite value."""
+    if metric is None:
+        return float(result.evaluation.fitness)
+    sign, name = (-1.0, metric[1:]) if metric.startswith("-") else (1.0, metric)
+    value = result.train_metrics.get(name)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return sign * float(value)
+    return math.nan
+
+
+def _behind_at_rung(exp: Experiment, slots: list[_Slot], s: _Slot, fitness: float,
                     records: dict[tuple[int, int], list[float]], lines: dict[int, list[LinePoint]],
                     founders: dict[int, int]) -> bool:
-    """Record the member's fitness at its rung; True if it is outside the top `population.rung_keep`
-    share of the fitnesses seen at this (round, rung) — by more than `selection.tie_tolerance` — and
-    another member could take its slot (and it is not the last of a founder line kept alive)."""
+    """Record the member's `fitness` at its rung (`rung_value`); True if it is outside the top
+    `population.rung_keep` share of the values seen at this (round, rung) — by more than
+    `selection.tie_tolerance` — and another member could take its slot (and it is not the last of a
+    founder line kept alive)."""
     seen = records.setdefault((s.round, s.segment), [])
-    fitness = float(result.evaluation.fitness)
     seen.append(fitness)
     rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
     if len(seen) < 2 or not rivals:
@@ -357,6 +377,10 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         ev = None
         s.ok = False
         s.failures += 1
+    elif result.evaluation is None:  # stopped at a rung judged on a training metric: trained, not evaluated
+        s.agent = result.agent
+        cost = round_compute(s.start, steps, result.train_metrics, result.wall_s) - s.start
+        ev = None
     else:
         s.agent = result.agent
         rec.history.append(float(result.evaluation.fitness))

@@ -179,6 +179,55 @@ def test_a_clone_of_a_member_past_a_rung_is_not_charged_twice(tmp_path: Path) ->
     assert store.spent().env_steps == 6 * 4 * 30 - stats["env_steps_saved"]
 
 
+def _stopped_unevaluated(store: RunStore) -> set[int]:
+    """The members whose slot went to a clone at a rung."""
+    return {m["mutation"]["details"]["replaced"] for m in store.all_members()
+            if m["mutation"] and "replaced_at_rung" in m["mutation"]["details"]}
+
+
+def test_rungs_judged_on_a_training_metric_cost_no_evaluation(tmp_path: Path) -> None:
+    from tests.toy_agent import CountingToyAgent
+
+    CountingToyAgent.evaluations = 0
+    store = _run(tmp_path, {"agent.kind": "tests.toy_agent:CountingToyAgent", "population.generations": 5,
+                            "population.rungs": [0.25, 0.5], "population.rung_metric": "-loss_mse",
+                            "population.initial": "scratch"})
+    stats = json.loads(store.get("rung_stats"))
+    assert stats["stopped"] > 0 and stats.get("unjudged", 0) == 0 and int(store.get("rounds_done")) == 5 * 4
+    evs = store.all_evaluations()
+    # a round that trained all its steps is evaluated once at its end; a stopped one never
+    assert CountingToyAgent.evaluations == len(evs) == 5 * 4 - stats["stopped"]
+    assert not any("stopped_at_rung" in e["metrics"] for e in evs)
+    stopped = _stopped_unevaluated(store)
+    assert len(stopped) == stats["stopped"]
+    assert store.spent().env_steps == 5 * 4 * 30 - stats["env_steps_saved"]  # the stopped rounds' steps counted
+
+
+def test_a_rung_metric_the_agent_does_not_report_stops_nobody(tmp_path: Path) -> None:
+    store = _run(tmp_path, {"population.generations": 2, "population.rungs": [0.5], "population.rung_metric": "nope"})
+    stats = json.loads(store.get("rung_stats"))
+    assert stats == {"stopped": 0, "rungs_passed": 2 * 4, "unjudged": 2 * 4, "env_steps_saved": 0}
+    assert len(store.all_evaluations()) == 2 * 4
+
+
+@pytest.mark.slow
+def test_rungs_on_a_training_metric_on_ray(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    import ray
+
+    try:
+        store = _run(tmp_path, {"backend": "ray", "agent.kind": "tests.toy_agent:CountingToyAgent",
+                                "population.generations": 4, "population.rungs": [0.25, 0.5],
+                                "population.rung_keep": 0.25, "population.rung_metric": "-loss_mse",
+                                "population.initial": "scratch"}, backend="ray")
+    finally:
+        ray.shutdown()
+    stats = json.loads(store.get("rung_stats"))
+    assert store.status == "completed" and int(store.get("rounds_done")) == 4 * 4 and stats["stopped"] > 0
+    assert len(store.all_evaluations()) == 4 * 4 - stats["stopped"] == 4 * 4 - len(_stopped_unevaluated(store))
+    assert store.spent().env_steps == 4 * 4 * 30 - stats["env_steps_saved"]
+
+
 def test_rungs_need_async_mode() -> None:
     from evo.spec import SpecError
 
@@ -186,6 +235,11 @@ def test_rungs_need_async_mode() -> None:
         load_experiment(TOY_EXPERIMENT, {"population.rungs": [0.5]})
     with pytest.raises(SpecError, match="population.rungs"):
         load_experiment(TOY_EXPERIMENT, {**ASYNC, "population.rungs": [0.5, 0.5]})
+    with pytest.raises(SpecError, match="population.rung_metric: expected population.rungs"):
+        load_experiment(TOY_EXPERIMENT, {**ASYNC, "population.rung_metric": "train_episode_return"})
+    for bad in ("-", "--loss", ""):
+        with pytest.raises(SpecError, match="population.rung_metric"):
+            load_experiment(TOY_EXPERIMENT, {**ASYNC, "population.rungs": [0.5], "population.rung_metric": bad})
 
 
 def test_a_failing_member_is_recorded_and_its_slot_taken_over(tmp_path: Path) -> None:

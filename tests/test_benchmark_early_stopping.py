@@ -44,3 +44,17 @@ def test_reuse_refuses_another_tasks_results(tmp_path: Path) -> None:
     out.write_text(json.dumps({"task": "cartpole", "rows": []}))
     with pytest.raises(SystemExit):
         early_stopping.main(["--quick", "--seeds", "1", "--reuse", "--json", str(out)])
+
+
+def test_rungs_on_a_training_metric_without_the_same_steps_arm(tmp_path: Path) -> None:
+    out = tmp_path / "es.json"
+    assert early_stopping.main(["--quick", "--seeds", "1", "--rung-metric=-loss_mse", "--no-same-steps",
+                                "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["rung_metric"] == "-loss_mse" and "rungs_same_steps_minus_plain" not in summary
+    row = summary["rows"][0]
+    assert "rungs_same_steps" not in row and set(summary["median_best"]) == {"plain", "rungs_same_rounds"}
+    same_rounds = row["rungs_same_rounds"]
+    assert row["plain"]["env_steps"] - same_rounds["env_steps"] == same_rounds["rung_stats"]["env_steps_saved"] > 0
+    with pytest.raises(SystemExit):  # --reuse keeps only seeds judged the same way
+        early_stopping.main(["--quick", "--seeds", "2", "--reuse", "--json", str(out)])

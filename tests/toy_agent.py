@@ -148,6 +148,11 @@ class CountingToyAgent(ToyAgent):
     checkpoints) as EfficientZero does, so the engine's compute accounting reads the agent's counter."""
 
     kind = "tests.toy_agent:CountingToyAgent"
+    evaluations = 0  # evaluate() calls in this process (inline runs), for tests of what a run evaluates
 
     def train(self, steps: int) -> dict[str, float]:
         return {**super().train(steps), "env_steps": float(self.steps_done)}
+
+    def evaluate(self) -> Evaluation:
+        CountingToyAgent.evaluations += 1
+        return super().evaluate()

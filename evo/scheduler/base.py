@@ -18,25 +18,26 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from evo.agent import Agent, AgentContext, Evaluation
 from evo.faults import Diverged, Failure, describe_exception
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 
-__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "member_context",
+__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event", "member_context",
            "failed_result"]
 
 
 @dataclass
 class MemberResult:
     """One member's outcome in one generation. With `failure` set the member failed: `agent` is
-    its generation-start state and `evaluation.fitness` is −inf. `retries` are the lost attempts
-    that were retried before this outcome."""
+    its generation-start state and `evaluation.fitness` is −inf. `evaluation` is None for a member
+    trained without an evaluation (an async rung judged on a training metric). `retries` are the
+    lost attempts that were retried before this outcome."""
 
     agent: Agent
-    evaluation: Evaluation
+    evaluation: Evaluation | None
     train_metrics: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     failure: Failure | None = None
@@ -69,14 +70,16 @@ class Scheduler(Protocol):
         """Release workers and services."""
 
 
-def train_and_evaluate(agent: Agent, steps: int,
-                       on_evaluate: Callable[[], None] | None = None) -> tuple[dict[str, float], Evaluation, float]:
+def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None] | None = None,
+                       evaluate: bool = True) -> tuple[dict[str, float], Evaluation | None, float]:
     """Train, then evaluate (calling `on_evaluate` in between, for live displays); returns
-    (train metrics, evaluation, wall seconds). Raises `Diverged` when a loss metric, a parameter
-    or the fitness is not finite."""
+    (train metrics, evaluation, wall seconds), the evaluation None with `evaluate=False`. Raises
+    `Diverged` when a loss metric, a parameter or the fitness is not finite."""
     start = time.perf_counter()
     metrics = dict(agent.train(steps) or {})
     check_trained(agent, metrics)
+    if not evaluate:
+        return metrics, None, time.perf_counter() - start
     if on_evaluate is not None:
         on_evaluate()
     evaluation = agent.evaluate()
@@ -102,20 +105,25 @@ def check_trained(agent: Agent, metrics: dict[str, float]) -> None:
                 raise Diverged(f"parameter {net_name}.{name} is not finite after training")
 
 
-def attempt_member(agent: Agent, steps: int, on_evaluate: Callable[[], None] | None = None
+def attempt_member(agent: Agent, steps: int, on_evaluate: Callable[[], None] | None = None, evaluate: bool = True
                    ) -> tuple[dict[str, float], Evaluation | None, float, tuple[str, str] | None]:
     """`train_and_evaluate`, with what went wrong caught: (metrics, evaluation, wall_s, failure),
     where failure is None or (kind, message) with kind "diverged", "error", or "lost" (a Ray error
     inside the member, e.g. the replay service unreachable: not the member's fault, so retried)."""
     start = time.perf_counter()
     try:
-        metrics, evaluation, wall = train_and_evaluate(agent, steps, on_evaluate)
+        metrics, evaluation, wall = train_and_evaluate(agent, steps, on_evaluate, evaluate)
         return metrics, evaluation, wall, None
     except Diverged as exc:
         return {}, None, time.perf_counter() - start, ("diverged", str(exc))
     except Exception as exc:
         kind = "lost" if type(exc).__module__.startswith("ray.") else "error"
         return {}, None, time.perf_counter() - start, (kind, describe_exception(exc))
+
+
+def done_event(evaluation: Evaluation | None, wall_s: float) -> dict[str, Any]:
+    """The observer's "done" event of a member: its fitness (if it was evaluated) and wall seconds."""
+    return {"wall_s": wall_s} if evaluation is None else {"fitness": evaluation.fitness, "wall_s": wall_s}
 
 
 def member_context(context: AgentContext, replay: Replay | None) -> AgentContext:

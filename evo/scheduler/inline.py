@@ -19,7 +19,7 @@ from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.view import MemberView, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, failed_result, member_context
+from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context
 
 __all__ = ["InlineScheduler", "inline_device"]
 
@@ -61,7 +61,9 @@ class InlineScheduler:
         return build_replay(spec, seed, distributed=False)
 
     def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
-                       generation: int = 0) -> list[MemberResult]:
+                       generation: int = 0, evaluate: bool = True) -> list[MemberResult]:
+        """See `Scheduler.run_generation`; `evaluate=False` (an async rung judged on a training metric)
+        trains without evaluating, except fused groups (sync only), whose evaluation is one program."""
         observer = observer or RunObserver()
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None
@@ -79,7 +81,8 @@ class InlineScheduler:
                 observer.member_event(agent.index, "training", {})
                 context, member, start, view = self._prepare(agent, shared, basis, generation)
                 metrics, evaluation, wall, failure = attempt_member(
-                    member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}))
+                    member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),
+                    evaluate=evaluate)
             if failure is not None:
                 kind, message = failure
                 # inline, "lost" can only mean a Ray error inside the member: nothing to retry on
@@ -92,7 +95,7 @@ class InlineScheduler:
                 staged.append((agent.index, view.staged()))
                 member = type(agent).from_state(member.get_state(), context)  # let go of the view
             results.append(MemberResult(member, evaluation, metrics, wall))
-            observer.member_event(agent.index, "done", {"fitness": evaluation.fitness, "wall_s": wall})
+            observer.member_event(agent.index, "done", done_event(evaluation, wall))
         if shared is not None:
             commit_views(shared, staged)
         return results
@@ -109,10 +112,12 @@ class InlineScheduler:
     # ---- asynchronous evolution (population.mode = "async"; evo.steady) ------------------------------
     capacity = 1  # members in flight at once
 
-    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None) -> None:
-        """Queue `agent` for a round of `steps`; `collect` trains it (one member at a time, in order)."""
+    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None,
+               evaluate: bool = True) -> None:
+        """Queue `agent` for a round of `steps` (evaluated after it unless `evaluate=False`); `collect`
+        trains it (one member at a time, in order)."""
         self._submitted = getattr(self, "_submitted", [])
-        self._submitted.append((key, agent, steps, round_, observer))
+        self._submitted.append((key, agent, steps, round_, observer, evaluate))
 
     def in_flight(self) -> int:
         return len(getattr(self, "_submitted", []))
@@ -122,8 +127,8 @@ class InlineScheduler:
         writes reach the shared store at once."""
         if not getattr(self, "_submitted", None):
             return []
-        key, agent, steps, round_, observer = self._submitted.pop(0)
-        return [(key, self.run_generation([agent], steps, observer, generation=round_)[0])]
+        key, agent, steps, round_, observer, evaluate = self._submitted.pop(0)
+        return [(key, self.run_generation([agent], steps, observer, generation=round_, evaluate=evaluate)[0])]
 
     def close(self) -> None:
         pass

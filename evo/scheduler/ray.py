@@ -50,7 +50,7 @@ from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.staging import ViewBasis
 from evo.replay.view import MemberView, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, failed_result, member_context
+from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context
 from evo.scheduler.cluster import init_ray
 
 __all__ = ["RayScheduler", "init_ray", "PLACEMENTS", "to_cpu"]
@@ -129,13 +129,13 @@ class _MemberWorker:
         return os.getpid()
 
     def run(self, state: dict[str, Any], steps: int, basis: ViewBasis | None,
-            seed: np.random.SeedSequence) -> dict[str, Any]:
+            seed: np.random.SeedSequence, evaluate: bool = True) -> dict[str, Any]:
         start = time.perf_counter()
         view = MemberView(self.context.replay, basis, seed) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
         load_s = time.perf_counter() - start
         began_at = time.time()
-        metrics, evaluation, wall, failure = attempt_member(agent, steps)
+        metrics, evaluation, wall, failure = attempt_member(agent, steps, evaluate=evaluate)
         if failure is not None:  # whatever the attempt staged is dropped with the view
             return {"failure": failure, "wall_s": wall}
         span = (self.info["pid"], began_at, time.time())  # wall clock: the driver lays spans out on its own
@@ -471,10 +471,12 @@ class RayScheduler:
         whose start state Ray moves meanwhile: the actor starts it the moment the last one ends)."""
         return self.num_workers * self.prefetch
 
-    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None) -> None:
-        """Start a round of `steps` for `agent` on the least busy actor (or as soon as one is free);
-        `collect` returns its result under `key`. The member's view of the shared replay store is
-        taken now, and its writes reach the store as soon as its result is collected."""
+    def submit(self, key: Any, agent: Agent, steps: int, round_: int, observer: RunObserver | None = None,
+               evaluate: bool = True) -> None:
+        """Start a round of `steps` for `agent` (evaluated after it unless `evaluate=False`) on the
+        least busy actor (or as soon as one is free); `collect` returns its result under `key`. The
+        member's view of the shared replay store is taken now, and its writes reach the store as
+        soon as its result is collected."""
         import ray
 
         if not hasattr(self, "_async_pending"):
@@ -484,7 +486,7 @@ class RayScheduler:
         shared = self.context.replay
         self._async_queue.append({
             "key": key, "agent": agent, "steps": steps, "round": round_, "state": ray.put(agent.get_state()),
-            "basis": shared.view_basis() if shared is not None else None, "attempts": 0, "retries": [],
+            "basis": shared.view_basis() if shared is not None else None, "attempts": 0, "retries": [], "evaluate": evaluate,
             "observer": observer or RunObserver()})
         self._async_dispatch()
 
@@ -506,7 +508,8 @@ class RayScheduler:
             # a job queued behind another has that one's time too before its own timeout runs out
             job["worker"], job["deadline"] = worker, time.monotonic() + self.timeout_s * (load[id(worker)] + 1)
             seed = view_seed(self.context.seed, job["agent"].index, job["round"])
-            self._async_pending[worker.run.remote(job["state"], job["steps"], job["basis"], seed)] = job
+            self._async_pending[worker.run.remote(job["state"], job["steps"], job["basis"], seed,
+                                                     job["evaluate"])] = job
             job["observer"].member_event(job["agent"].index, "training", {})
 
     def collect(self, timeout: float | None = 1.0) -> list[tuple[Any, MemberResult]]:
@@ -570,7 +573,7 @@ class RayScheduler:
                 self.async_spans.append((pid, began - res.get("load_s", 0.0), ended))
             out.append((job["key"], MemberResult(agent, res["evaluation"], res["metrics"], res["wall_s"], None,
                                                  job["retries"])))
-            observer.member_event(index, "done", {"fitness": res["evaluation"].fitness, "wall_s": res["wall_s"]})
+            observer.member_event(index, "done", done_event(res["evaluation"], res["wall_s"]))
         now = time.monotonic()
         for ref, job in list(self._async_pending.items()):
             if now >= job["deadline"]:
