@@ -214,3 +214,20 @@ def test_an_async_curve_takes_a_point_every_population_of_rounds():
         sync.member_event(index, "done", {"fitness": 1.0})
     sync.generation_done(0, [{"fitness": 7.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
     assert [(p[0], p[2]) for p in sync.curve] == [(200, 7.0)]
+
+
+def test_an_async_curve_with_rungs_counts_the_steps_of_every_part_and_none_past_the_budget():
+    from benchmarks.hpo.evo_strategy import CurveObserver
+
+    obs = CurveObserver(steps_per_generation=100, population=2, budget=300)
+    # member 0: a full round in three parts (only the last evaluated); member 1: stopped at its first rung
+    # (one part, no evaluation); member 1's successor: a full round in one event
+    events = [(0, {"steps": 25}), (1, {"steps": 25}), (0, {"steps": 25}), (0, {"steps": 50, "fitness": 8.0}),
+              (1, {"steps": 100, "fitness": 3.0}), (0, {"steps": 100, "fitness": 9.0}),
+              (1, {"steps": 100, "fitness": 1.0})]
+    for index, details in events:
+        obs.member_event(index, "done", details)
+    # with a budget, a point after every evaluated round (the best of the last 2) at the steps trained by
+    # then, none past the budget
+    assert [(p[0], p[2]) for p in obs.curve] == [(125, 8.0), (225, 8.0)]
+    assert obs.trained == 425 and obs.rounds_done == 4

@@ -19,20 +19,26 @@ from evo.observer import RunObserver
 
 
 class CurveObserver(RunObserver):
-    """Steps are counted from members' rounds as they end ("done" events: `steps_per_generation`
-    each), so a point says what the run had trained by then, in sync and async runs alike (an async
-    generation completes while later rounds are already done)."""
+    """Steps are counted from members' rounds as they end ("done" events: the steps each trained),
+    so a point says what the run had trained by then, in sync and async runs alike (an async
+    generation completes while later rounds are already done). With rungs a round ends in parts,
+    each a "done" event; only the parts with an evaluation (a fitness) count as rounds."""
 
     def __init__(self, steps_per_generation: int, on_point: Callable[[list], None] | None = None,
-                 population: int | None = None) -> None:
-        """`population`: an async run's size: a point is taken every `population` rounds (the best
-        fitness of those rounds), since its generations complete behind its rounds."""
+                 population: int | None = None, budget: int | None = None) -> None:
+        """`population`: an async run's size: a point is taken every `population` evaluated rounds
+        (the best fitness of the last `population`), since its generations complete behind its rounds.
+        `budget` (an async run whose rounds end early, stopped at rungs): a point after every
+        evaluated round, none past this many steps (the run finishes its rounds in flight once the
+        budget is spent; what they train past it is not credited)."""
         self.steps_per_generation = steps_per_generation
         self.on_point = on_point
         self.population = population
+        self.budget = budget
         self.recent: list[float] = []
         self.start = time.perf_counter()
         self.steps = 0
+        self.trained = 0  # steps of every "done" event so far
         self.rounds_done = 0
         self.curve: list[list[float]] = []
         self.profile: list[dict[str, Any]] = []
@@ -42,7 +48,7 @@ class CurveObserver(RunObserver):
         """Continue `curve` (a run resumed from its store): steps, rounds and clock go on from its last point."""
         self.curve = [list(p) for p in curve]
         if curve:
-            self.steps = int(curve[-1][0])
+            self.steps = self.trained = int(curve[-1][0])
             self.rounds_done = self.steps // self.steps_per_generation
             self.start -= curve[-1][1]
 
@@ -52,17 +58,26 @@ class CurveObserver(RunObserver):
     def member_event(self, index: int, event: str, details: dict[str, Any]) -> None:
         if event != "done":
             return
+        self.trained += int(details.get("steps", self.steps_per_generation))
+        if "fitness" not in details:  # a part of a round before a rung judged on a training metric
+            return
         self.rounds_done += 1
         if self.population:
             self.recent = [*self.recent, float(details["fitness"])][-self.population:]
-            if self.rounds_done % self.population == 0:
-                now = time.perf_counter()
-                self.steps = self.rounds_done * self.steps_per_generation
-                self.curve.append([self.steps, round(now - self.start, 2), max(self.recent)])
-                print(f"evo-async rounds {self.rounds_done}: steps {self.steps} t {now - self.start:.0f}s "
-                      f"best {max(self.recent):.1f}", flush=True)
-                if self.on_point is not None:
-                    self.on_point(self.curve)
+            if self.budget is not None or self.rounds_done % self.population == 0:
+                self.async_point()
+
+    def async_point(self) -> None:
+        """A point of an async run: the steps trained so far, the best of its last `population` rounds."""
+        if not self.recent or (self.budget is not None and self.trained > self.budget):
+            return
+        now = time.perf_counter()
+        self.steps = self.trained
+        self.curve.append([self.steps, round(now - self.start, 2), max(self.recent)])
+        print(f"evo-async rounds {self.rounds_done}: steps {self.steps} t {now - self.start:.0f}s "
+              f"best {max(self.recent):.1f}", flush=True)
+        if self.on_point is not None:
+            self.on_point(self.curve)
 
     def generation_done(self, generation: int, board: list[dict[str, Any]]) -> None:
         now = time.perf_counter()
@@ -70,7 +85,7 @@ class CurveObserver(RunObserver):
             return
         best = max(float(row["fitness"]) for row in board)
         if not self.population:  # sync: a point per generation
-            self.steps = self.rounds_done * self.steps_per_generation
+            self.steps = self.trained
             self.curve.append([self.steps, round(now - self.start, 2), best])
         self.profile.append({
             "generation": generation, "wall_s": round(now - self._t_gen, 2),
@@ -108,6 +123,11 @@ NO_ARCHITECTURE = {"mutation.architecture": 0.0, "mutation.no_mutation": 0.6}
 # (selection.keep_unbeaten), so founders tied at the floor are not overwritten by coin toss
 KEEP_UNBEATEN = {"selection.keep_unbeaten": True}
 
+# `evo-rungs`: evo-async with early stopping inside rounds, judged on the training return (no
+# evaluation at a rung: population.rung_metric), and the task's env-step budget as the run's budget,
+# so the steps stopped rounds did not train go to more rounds
+RUNGS = {**ASYNC, "population.rungs": [0.25, 0.5], "population.rung_metric": "train_episode_return"}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -118,7 +138,7 @@ PLAIN_TOURNAMENT = {"selection.keep_unbeaten": False}
 VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
-                          "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN}.items()}
+                          "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS}.items()}
 
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
@@ -127,15 +147,23 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
-    exp, text = load(t, seed, regime, backend=backend, **(overrides or {}))
+    overrides = dict(overrides or {})
+    budget = None
+    if overrides.get("population.rungs"):  # rounds end early: the budget, not the rounds' count, ends the run
+        budget = t.budget
+        overrides.update({"population.budget": {"env_steps": budget}, "population.generations": 4 * t.generations})
+    exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
         scheduler, context = start_backend(exp, backend)
         try:
             # the clock starts once the backend is up
             observer = CurveObserver(t.steps_per_generation, on_point,
-                                     population=t.population if exp.population.mode == "async" else None)
+                                     population=t.population if exp.population.mode == "async" else None,
+                                     budget=budget)
             evolve(exp, store, scheduler, context, observer=observer)
+            if observer.population and observer.budget is None and observer.rounds_done % observer.population:
+                observer.async_point()  # the last rounds, fewer than a population's worth
             spent = store.spent().to_json()
         finally:
             scheduler.close()

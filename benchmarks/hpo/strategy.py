@@ -3,8 +3,8 @@
     python -m benchmarks.hpo.strategy --strategy NAME --seed 0 --task cartpole [--regime tuned|scratch] \
         [--quick] --out R.json
 
-NAME: evo, evo-async, random, pbt, pb2, agilerl, or an ablation of evo (evo-nomut, evo-seconds,
-evo-noarch, evo-unbeaten; `ABLATIONS` says what each switches off, `evo_strategy.VARIANTS` how).
+NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
+evo-noarch, evo-unbeaten, evo-rungs; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                             "a member that spends more seconds per env step must earn them",
              "evo-noarch": "evo with no architecture mutation: what growing members costs per env step and buys",
              "evo-unbeaten": "evo where a member is replaced only by a tournament winner that beats it "
-                             "(selection.keep_unbeaten): no coin-toss overwrites among tied members"}
+                             "(selection.keep_unbeaten): no coin-toss overwrites among tied members",
+             "evo-rungs": "evo-async with early stopping inside rounds judged on the training return "
+                          "(population.rungs, rung_metric): the steps of stopped rounds go to more rounds"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:

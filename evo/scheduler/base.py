@@ -121,9 +121,11 @@ def attempt_member(agent: Agent, steps: int, on_evaluate: Callable[[], None] | N
         return {}, None, time.perf_counter() - start, (kind, describe_exception(exc))
 
 
-def done_event(evaluation: Evaluation | None, wall_s: float) -> dict[str, Any]:
-    """The observer's "done" event of a member: its fitness (if it was evaluated) and wall seconds."""
-    return {"wall_s": wall_s} if evaluation is None else {"fitness": evaluation.fitness, "wall_s": wall_s}
+def done_event(evaluation: Evaluation | None, wall_s: float, steps: int) -> dict[str, Any]:
+    """The observer's "done" event of a member: its fitness (if it was evaluated), wall seconds and
+    the steps it trained."""
+    out = {"wall_s": wall_s, "steps": steps}
+    return out if evaluation is None else {"fitness": evaluation.fitness, **out}
 
 
 def member_context(context: AgentContext, replay: Replay | None) -> AgentContext:

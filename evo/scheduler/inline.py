@@ -95,7 +95,7 @@ class InlineScheduler:
                 staged.append((agent.index, view.staged()))
                 member = type(agent).from_state(member.get_state(), context)  # let go of the view
             results.append(MemberResult(member, evaluation, metrics, wall))
-            observer.member_event(agent.index, "done", done_event(evaluation, wall))
+            observer.member_event(agent.index, "done", done_event(evaluation, wall, steps))
         if shared is not None:
             commit_views(shared, staged)
         return results

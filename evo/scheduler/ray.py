@@ -453,7 +453,7 @@ class RayScheduler:
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
             if out["staged"] is not None:
                 staged.append((index, out["staged"]))
-            observer.member_event(index, "done", {"fitness": out["evaluation"].fitness, "wall_s": out["wall_s"]})
+            observer.member_event(index, "done", done_event(out["evaluation"], out["wall_s"], steps))
         clock = time.perf_counter()
         if shared is not None:
             commit_views(shared, staged)
@@ -573,7 +573,7 @@ class RayScheduler:
                 self.async_spans.append((pid, began - res.get("load_s", 0.0), ended))
             out.append((job["key"], MemberResult(agent, res["evaluation"], res["metrics"], res["wall_s"], None,
                                                  job["retries"])))
-            observer.member_event(index, "done", done_event(res["evaluation"], res["wall_s"]))
+            observer.member_event(index, "done", done_event(res["evaluation"], res["wall_s"], job["steps"]))
         now = time.monotonic()
         for ref, job in list(self._async_pending.items()):
             if now >= job["deadline"]:
