@@ -25,8 +25,8 @@ from evo.faults import Diverged, Failure, describe_exception
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 
-__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event", "member_context",
-           "failed_result"]
+__all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event",
+           "member_context", "failed_result"]
 
 
 @dataclass

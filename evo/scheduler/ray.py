@@ -486,8 +486,8 @@ class RayScheduler:
         shared = self.context.replay
         self._async_queue.append({
             "key": key, "agent": agent, "steps": steps, "round": round_, "state": ray.put(agent.get_state()),
-            "basis": shared.view_basis() if shared is not None else None, "attempts": 0, "retries": [], "evaluate": evaluate,
-            "observer": observer or RunObserver()})
+            "basis": shared.view_basis() if shared is not None else None, "attempts": 0, "retries": [],
+            "evaluate": evaluate, "observer": observer or RunObserver()})
         self._async_dispatch()
 
     def in_flight(self) -> int:
