@@ -367,7 +367,8 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
            observations: list, stopped_at: int | None = None):
     """Score the round `s` just finished (`steps`: what its last part trained) and decide what the
     slot trains next. A round stopped at rung `stopped_at` is judged without the member itself as
-    an entrant: its slot goes to a tournament winner among the others. Returns ((evaluation or
+    an entrant: its slot goes to a tournament winner among the others (stopped on a training metric,
+    `population.rung_metric`, it has no evaluation: only its compute is counted). Returns ((evaluation or
     None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
     rec, round_ = s.record, s.round
     failures = [*result.retries, *([result.failure] if result.failure else [])]
