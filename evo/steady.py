@@ -276,10 +276,8 @@ def rung_value(metric: str | None, result: MemberResult) -> float:
     if metric is None:
         return float(result.evaluation.fitness)
     sign, name = (-1.0, metric[1:]) if metric.startswith("-") else (1.0, metric)
-    value = result.train_metrics.get(name)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return sign * float(value)
-    return math.nan
+    value = secondary_value(name, {}, result.train_metrics)  # NaN where it is not reported
+    return sign * value if math.isfinite(value) else math.nan
 
 
 def _behind_at_rung(exp: Experiment, slots: list[_Slot], s: _Slot, fitness: float,
