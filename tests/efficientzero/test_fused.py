@@ -27,21 +27,29 @@ HPARAMS = [{"lr": 3e-3, "discount": 0.99, "replay_ratio": 0.25, "consistency_wei
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def members(shared):
+# the conv variant on MinAtar Breakout: its stacked unroll (action maps, 1x1 convs as bmm) runs under vmap
+CONV_TASK = {**TASK, "env_id": "MinAtar/Breakout-v1"}
+CONV_ARCH = {"variant": "conv", "channels": 4, "num_res_blocks": 1, "reward_head_channels": 2, "head_channels": 2,
+             "width": 8, "lstm_hidden_size": 8, "fc_reward_layers": [8], "proj_size": 8, "value_support": 5,
+             "reward_support": 3, "downsample": False, "norm_type": "LN"}
+
+
+def members(shared, task=TASK, arch=ARCH):
     """Three members, each on its own view of one shared store (as a scheduler gives them)."""
     out = []
     for i, hp in enumerate(HPARAMS):
         view = MemberView(shared, shared.view_basis(), view_seed(3, i, 0))
-        ctx = AgentContext(task=TASK, replay=view, seed=3)
-        out.append(EfficientZeroAgent.create(ARCH, {"batch_size": 8, "num_simulations": 4, **hp}, 100 + i, i, ctx))
+        ctx = AgentContext(task=task, replay=view, seed=3)
+        out.append(EfficientZeroAgent.create(arch, {"batch_size": 8, "num_simulations": 4, **hp}, 100 + i, i, ctx))
     return out
 
 
-def test_fused_group_equals_each_member_alone_f64():
-    spec = EfficientZeroAgent.replay_spec(TASK)
+@pytest.mark.parametrize("task,arch", [(TASK, ARCH), (CONV_TASK, CONV_ARCH)], ids=["mlp", "conv"])
+def test_fused_group_equals_each_member_alone_f64(task, arch):
+    spec = EfficientZeroAgent.replay_spec(task)
     from evo.replay.protocol import build_replay
 
-    alone, fused = members(build_replay(spec, 3, False)), members(build_replay(spec, 3, False))
+    alone, fused = members(build_replay(spec, 3, False), task, arch), members(build_replay(spec, 3, False), task, arch)
     expected = [(a.train(48), a.evaluate()) for a in alone]
     trainer = FusedEfficientZero()
     metrics = trainer.train(fused, 48)
