@@ -379,10 +379,14 @@ class RunStore:
 
     def prune_async(self) -> None:
         """An async run's obsolete checkpoints: start states no slot waits on, and trained states that
-        are neither a completed generation's best nor a member's latest."""
+        are neither a completed generation's best, nor a member's latest, nor the run's best."""
         pending = {(r, i) for _, i, r in self.slots()}
         keep_best = {(r["generation"], r["best_idx"]) for r in self._db.execute("SELECT generation, best_idx FROM generations")}
         latest = {(r[0], r[1]) for r in self._db.execute("SELECT MAX(generation), idx FROM evaluations GROUP BY idx")}
+        # and the run's best state (`trained_checkpoint(best=True)`; an async run's selection.champion)
+        keep_best |= {(r[0], r[1]) for r in self._db.execute(
+            "SELECT generation, idx FROM evaluations WHERE checkpoint IS NOT NULL "
+            "ORDER BY score DESC, generation DESC, idx DESC LIMIT 1")}
         with self._transaction() as db:
             starts = [r for r in db.execute("SELECT generation, idx, checkpoint FROM population "
                                             "WHERE checkpoint IS NOT NULL").fetchall()
@@ -544,8 +548,8 @@ class RunStore:
                            best: bool = False) -> tuple[dict[str, Any], Path, str]:
         """A kept trained checkpoint: by default the newest of `index` (default: the elite of the
         last generation); `generation` asks for that generation's; `best` for the highest score over
-        the whole run (of `index`, or of any member; ties go to the later generation), which is what
-        to export when a run's last generation is worse than an earlier one."""
+        the whole run (of `index`, or of any member; ties go to the later generation, then the higher
+        index), which is what to export when a run's last generation is worse than an earlier one."""
         if best and generation is not None:
             raise ValueError("give a generation or ask for the best checkpoint, not both")
         if index is None and not best:
@@ -561,7 +565,7 @@ class RunStore:
         if generation is not None:
             where.append("e.generation = ?")
             args.append(generation)
-        order = "e.score DESC, e.generation DESC" if best else "e.generation DESC"
+        order = "e.score DESC, e.generation DESC, e.idx DESC" if best else "e.generation DESC"
         r = self._db.execute(
             "SELECT e.*, m.parent, m.born, m.mutation FROM evaluations e JOIN members m ON m.idx = e.idx "
             f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT 1", args).fetchone()

@@ -130,6 +130,10 @@ class SelectionSpec(_Strict):
                                                            "above it: no coin-toss overwrites while scores tie")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
+    champion: bool = Field(default=False, description="async: the best state evaluated so far (by score) is kept out "
+                                                      "of training and drawn into tournaments like a member; drawn, "
+                                                      "and more than tie_tolerance above the winner's latest score, "
+                                                      "its mutated clone takes the finisher's slot")
 
 
 class MutationSpec(_Strict):
@@ -248,6 +252,9 @@ class ExperimentSpec(_Strict):
         if self.population.rung_metric is not None and not self.population.rungs:
             raise ValueError(f"population.rung_metric: expected population.rungs to judge on, found none "
                              f"(rung_metric = {self.population.rung_metric!r})")
+        if self.selection.champion and self.population.mode != "async":
+            raise ValueError("selection.champion: expected population.mode = 'async' (a synchronous run keeps its "
+                             "elite with selection.elitism), found mode 'sync'")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")

@@ -18,7 +18,11 @@ member is scored and judged at once, against the latest scores of the others:
 * `selection.keep_unbeaten`: the finisher continues unless the winner scores more than
   `selection.tie_tolerance` above it (a tie, at a floor score say, overwrites nobody);
 * `selection.founder_lines`: a member whose founder's line would leave the population, while no
-  more than that many lines are alive, continues instead.
+  more than that many lines are alive, continues instead;
+* `selection.champion`: the best state evaluated so far is kept out of training and drawn like one
+  more rival; drawn, and more than `tie_tolerance` above the winner's latest score, its mutated
+  clone takes the slot, starting the round after its evaluation (every slot keeps training, so
+  without it a peak a population trains itself away from is lost).
 
 A slot that fails gets a clone of a tournament winner among the others (or, when none has been
 evaluated yet, its member is tried again, `resources.max_failures` times).
@@ -88,6 +92,12 @@ def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[Line
     the run's observations for the model-guided mutation ((hyperparameters, round, score gain over
     the round) of every evaluation that follows another on its line), from the run store: a resumed
     run judges and mutates as the uninterrupted one did."""
+    full, founders, observations = _labelled_lines(store, exp)
+    return {i: [p for _, p in points] for i, points in full.items()}, founders, observations
+
+
+def _labelled_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[tuple[int, LinePoint]]], dict[int, int], list]:
+    """`rebuild_lines`, each point with the generation (round) of its evaluation."""
     members = {m["index"]: m for m in store.all_members()}
     compute = store.compute()
     steps = exp.population.steps_per_generation
@@ -122,7 +132,53 @@ def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[Line
             if g in mine:
                 observations.append((g, i, (hparams[(g, i)], g, after.score - before.score)))
     observations = [o for _, _, o in sorted(observations, key=lambda t: (t[0], t[1]))]
-    return {i: [p for _, p in points] for i, points in full.items()}, founders, observations
+    return full, founders, observations
+
+
+@dataclass
+class _Champion:
+    """The best state the run has evaluated (`selection.champion`), kept out of training."""
+    score: float
+    generation: int      # its evaluation's round: a clone of it starts at round generation + 1
+    index: int           # its member
+    state: dict
+    line: list[LinePoint]  # its member's line up to and including this evaluation
+
+    def beats(self, score: float, generation: int, index: int) -> bool:
+        """Is it ahead of an evaluation (score, generation, index)? The order of `RunStore.trained_checkpoint(best=True)`:
+        score, then the later generation, then the higher index, so a resumed run finds the same champion."""
+        return (self.score, self.generation, self.index) > (score, generation, index)
+
+
+class _Hall:
+    """`selection.champion`: the champion so far, and how an agent is rebuilt from its state."""
+
+    def __init__(self, best: _Champion | None, make_agent) -> None:
+        self.best, self.make_agent = best, make_agent
+
+    def offer(self, score: float, generation: int, index: int, state: dict, line: list[LinePoint]) -> None:
+        """A fresh evaluation: it becomes the champion if it is ahead (`_Champion.beats`)."""
+        if self.best is None or not self.best.beats(score, generation, index):
+            self.best = _Champion(score, generation, index, state, list(line))
+
+
+#: the champion as a tournament entrant (it has no slot)
+_CHAMPION = object()
+
+
+def _champion_from_store(store: RunStore, exp: Experiment) -> _Champion | None:
+    """The champion of a resumed run: its best kept trained checkpoint (the run store keeps it)."""
+    from evo.checkpoint import load_state
+    from evo.runstore import RunStoreError
+
+    try:
+        row, path, digest = store.trained_checkpoint(best=True)
+    except RunStoreError:  # nothing evaluated yet
+        return None
+    state, _ = load_state(path, expect_digest=digest)
+    full, _, _ = _labelled_lines(store, exp)
+    g, index = int(row["generation"]), int(row["index"])
+    return _Champion(float(row["score"]), g, index, state, [p for gen, p in full.get(index, []) if gen <= g])
 
 
 @dataclass
@@ -180,6 +236,9 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     rung_records: dict[tuple[int, int], list[float]] = {}
     rung_metric = exp.population.rung_metric
     rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
+    hall = None
+    if exp.selection.champion:  # the best state so far, out of training (a resumed run's from its store)
+        hall = _Hall(_champion_from_store(store, exp), lambda state: exp.agent_class.from_state(clone_tree(state), context))
 
     # population.stop_at_score: reached by a round judged before (a resumed run), or by one judged below
     target = exp.stop_score
@@ -238,7 +297,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
                     rung_stats["env_steps_saved"] += steps - sum(segment_steps[:s.segment + 1])
                 rounds_done += 1
                 commit, cost = _judge(exp, slots, s, result, lines, founders, next_index, seg, unit, secondary,
-                                      observations, stopped_at=s.segment if stop else None)
+                                      observations, stopped_at=s.segment if stop else None, hall=hall)
                 s.segment = 0
                 spent = spent + cost
                 ev = commit[0]
@@ -362,12 +421,16 @@ class _Writer:
 
 def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, lines: dict[int, list[LinePoint]],
            founders: dict[int, int], next_index: int, steps: int, unit: str, secondary: str | None,
-           observations: list, stopped_at: int | None = None):
+           observations: list, stopped_at: int | None = None, hall: _Hall | None = None):
     """Score the round `s` just finished (`steps`: what its last part trained) and decide what the
     slot trains next. A round stopped at rung `stopped_at` is judged without the member itself as
     an entrant: its slot goes to a tournament winner among the others (stopped on a training metric,
-    `population.rung_metric`, it has no evaluation: only its compute is counted). Returns ((evaluation or
-    None, (successor record, its start round, its start state), the round, failures), the compute spent)."""
+    `population.rung_metric`, it has no evaluation: only its compute is counted). With `hall`
+    (`selection.champion`) the champion is drawn like one more rival; drawn, it wins when its score is
+    more than `selection.tie_tolerance` above the tournament winner's latest (its score is its state's,
+    so it is not judged at equal compute: the question is which state to train on from here).
+    Returns ((evaluation or None, (successor record, its start round, its start state), the round,
+    failures), the compute spent)."""
     rec, round_ = s.record, s.round
     failures = [*result.retries, *([result.failure] if result.failure else [])]
     rng = decision_rng(exp.seed, rec.index, round_)
@@ -392,20 +455,25 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         if line:  # what this round of these hyperparameters gained: the model-guided mutation learns from it
             observations.append((dict(rec.hparams), round_, score - line[-1].score))
         line.append(LinePoint(after, score, sec))
+        state = clone_tree(s.agent.get_state())  # the writer's copy (and the champion's): the member trains on
+        if hall is not None:
+            hall.offer(score, round_, rec.index, state, line)
         metrics = dict(result.evaluation.metrics)
         if stopped_at is not None:  # the leaderboard and dashboard show the round was cut short
             metrics["stopped_at_rung"] = float(stopped_at)
         ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, metrics,
-                             result.train_metrics, clone_tree(s.agent.get_state()), result.wall_s, compute=after)
+                             result.train_metrics, state, result.wall_s, compute=after)
         s.start, s.ok, s.failures = after, True, 0
     rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
     k = exp.selection.tournament_size
     winner, why = None, "no rival yet"
+    champion = hall.best if hall is not None else None
     if rivals:
         enters = s.ok and stopped_at is None
-        drawn = [rivals[int(i)] for i in rng.choice(len(rivals), size=min(len(rivals), k - 1 if enters else k),
-                                                    replace=False)] if (k > 1 or not enters) else []
-        entrants = ([s] if enters else []) + drawn
+        pool = rivals + ([_CHAMPION] if champion is not None else [])
+        drawn = [pool[int(i)] for i in rng.choice(len(pool), size=min(len(pool), k - 1 if enters else k),
+                                                  replace=False)] if (k > 1 or not enters) else []
+        entrants = ([s] if enters else []) + [d for d in drawn if d is not _CHAMPION]
         if entrants:
             points, _ = scores_at_equal_compute([lines[e.record.index] for e in entrants], unit)
             best, why = pick_best([p.score for p in points], rng, [p.secondary for p in points],
@@ -414,8 +482,12 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
             if (exp.selection.keep_unbeaten and enters and best != 0
                     and not points[best].score > points[0].score + exp.selection.tie_tolerance):
                 winner, why = s, "unbeaten"  # a tie does not overwrite the finisher (selection.keep_unbeaten)
-    if (winner is not None and winner is not s and s.ok and stopped_at is None and not exp.selection.clone_behind
-            and winner.round < round_ + 1):  # the winner has trained fewer rounds: no going back (clone_behind)
+        if _CHAMPION in drawn and (winner is None or champion.score > lines[winner.record.index][-1].score
+                                   + exp.selection.tie_tolerance):
+            winner, why = _CHAMPION, "champion"
+    # the winner has trained fewer rounds: no going back (clone_behind; the champion is always behind)
+    if (winner is not None and winner is not s and winner is not _CHAMPION and s.ok and stopped_at is None
+            and not exp.selection.clone_behind and winner.round < round_ + 1):
         winner, why = s, "winner behind"
     lines_alive = {founders.get(o.record.index, o.record.index) for o in slots}
     mine = founders.get(rec.index, rec.index)
@@ -431,21 +503,26 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         if s.failures > exp.resources.max_failures + 1:  # failed, and nobody to take over from
             raise GenerationFailed(round_, [result.failure] if result.failure else [])
         return (ev, (_frozen(rec), s.round, clone_tree(s.agent.get_state())), round_, failures), cost  # tried again
-    parent = winner
-    start_round = parent.round  # the rounds its trained state holds
-    child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
+    if winner is _CHAMPION:  # its state trained through round `generation`
+        start_round, parent_index, parent_line = champion.generation + 1, champion.index, champion.line
+        parent_agent, start = hall.make_agent(champion.state), champion.line[-1].compute
+    else:
+        # the rounds its trained state holds; the compute it embodies: a parent past a rung has trained
+        # part of a round more than its line's last point, and `spent` already counts that part (the
+        # clone's first round must not)
+        start_round, parent_index, parent_line = winner.round, winner.record.index, lines[winner.record.index]
+        parent_agent, start = winner.agent, winner.start
+    child = parent_agent.clone(next_index, seed=child_seed(exp.seed, next_index, start_round))
     mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, start_round)
     mutation = replace(mutation, details={**mutation.details, "selected_by": why, "slot": s.slot,
                                           "replaced": rec.index,
                                           **({"replaced_at_rung": stopped_at} if stopped_at is not None else {})})
-    new = MemberRecord(next_index, parent.record.index, start_round, mutation.to_json(), dict(child.arch),
+    new = MemberRecord(next_index, parent_index, start_round, mutation.to_json(), dict(child.arch),
                        dict(child.hparams), [])
-    lines[next_index] = list(lines[parent.record.index])
-    founders[next_index] = founders.get(parent.record.index, parent.record.index)
+    lines[next_index] = list(parent_line)
+    founders[next_index] = founders.get(parent_index, parent_index)
     s.record, s.agent, s.round, s.ok, s.failures = new, child, start_round, False, 0
-    # the compute the cloned state embodies: a parent past a rung has trained part of a round more than
-    # its line's last point, and `spent` already counts that part (the clone's first round must not)
-    s.start = parent.start
+    s.start = start
     return (ev, (_frozen(new), start_round, clone_tree(child.get_state())), round_, failures), cost
 
 

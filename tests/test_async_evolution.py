@@ -7,6 +7,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evo.cli import main
@@ -298,3 +299,79 @@ def test_without_clone_behind_no_slot_goes_back_a_round(tmp_path: Path) -> None:
         replaced_rounds = [e["generation"] for e in evs if e["index"] == replaced]
         if m["mutation"]["details"].get("selected_by") != "founder line kept" and replaced_rounds:
             assert m["born"] >= max(replaced_rounds) + 1, (m, replaced_rounds)
+
+
+# selection.champion: members fade after their first round (30 steps), so every line's best state lies behind it
+CHAMPION = {"agent.kind": "tests.toy_agent:FadingToyAgent", "selection.champion": True, "selection.fitness_window": 1}
+
+
+def _best(store: RunStore) -> dict:
+    """The run's best evaluation, in the order `RunStore.trained_checkpoint(best=True)` ranks them."""
+    return max(store.all_evaluations(), key=lambda e: (e["score"], e["generation"], e["index"]))
+
+
+def test_the_champion_brings_the_best_state_back_into_training(tmp_path: Path) -> None:
+    store = _run(tmp_path, {**CHAMPION, "population.generations": 6})
+    evs = {(e["index"], e["generation"]): e for e in store.all_evaluations()}
+    best = _best(store)
+    assert best["generation"] == 0  # the fading toy peaks after its first round: a founder's
+    faded = max(e["score"] for e in evs.values() if e["generation"] > 0)
+    clones = [m for m in store.all_members() if m["mutation"] and m["mutation"]["details"]["selected_by"] == "champion"]
+    assert clones, "no slot was given the champion"
+    for m in clones:  # each a clone of a founder's peak (the best seen when it was made), the round after it
+        parent = evs[(m["parent"], m["born"] - 1)]
+        assert parent["generation"] == 0 and parent["score"] > faded
+    last = max(clones, key=lambda m: m["index"])  # once every founder has been judged, the champion is the best
+    assert (last["parent"], last["born"]) == (best["index"], 1)
+    # its trained state outlives the pruning of obsolete checkpoints: what `evo export --best` writes
+    row, path, _ = store.trained_checkpoint(best=True)
+    assert (row["index"], row["generation"]) == (best["index"], best["generation"]) and path.exists()
+    # without the champion no slot goes back to a peak state and the population only fades: its
+    # evaluations after the first round score lower
+    plain = _run(tmp_path, {**CHAMPION, "selection.champion": False, "population.generations": 6}, name="plain")
+    assert not any(m["mutation"] and m["mutation"]["details"]["selected_by"] == "champion" for m in plain.all_members())
+
+    def after_peak(st: RunStore) -> float:
+        return float(np.mean([e["score"] for e in st.all_evaluations() if e["generation"] > 0]))
+
+    assert after_peak(store) > after_peak(plain) + 1.0, (after_peak(store), after_peak(plain))
+
+
+def test_a_killed_run_with_a_champion_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    text = _toy_async(tmp_path).read_text()
+    text = text.replace('kind = "tests.toy_agent:ToyAgent"', 'kind = "tests.toy_agent:FadingToyAgent"')
+    text = text.replace("fitness_window = 2", "fitness_window = 1\nchampion = true")
+    text = text.replace("generations = 3", "generations = 6")
+    (tmp_path / "champion.toml").write_text(text)
+    run_evo(["run", "champion.toml", "--name", "ref", "--backend", "inline", "--quiet"], tmp_path, check=True)
+    # killed after 10 of 24 rounds: the champion was crowned before, and clones of it are made after
+    killed = run_evo(["run", "champion.toml", "--name", "k", "--backend", "inline", "--quiet"], tmp_path,
+                     env={"EVO_FAULT": "after_commit:10"})
+    assert killed.returncode == -9, killed.stderr
+    run_evo(["resume", "k", "--quiet"], tmp_path, check=True)
+    assert rounds(tmp_path / "runs" / "k") == rounds(tmp_path / "runs" / "ref")
+    members = RunStore(tmp_path / "runs" / "ref").all_members()
+    chosen = [m for m in members if m["mutation"] and m["mutation"]["details"]["selected_by"] == "champion"]
+    assert any(m["index"] >= 10 for m in chosen)  # a champion clone made after the crash's point, from the store
+
+
+def test_the_champion_needs_async_mode() -> None:
+    from evo.spec import SpecError
+
+    with pytest.raises(SpecError, match="selection.champion: expected population.mode = 'async'"):
+        load_experiment(TOY_EXPERIMENT, {"selection.champion": True})
+    assert load_experiment(TOY_EXPERIMENT, {**ASYNC, "selection.champion": True})[0].selection.champion
+
+
+def test_pruning_keeps_the_runs_best_state(tmp_path: Path) -> None:
+    """An async run prunes trained states that are neither a completed generation's best nor a member's
+    latest as its generations complete; the run's best is kept as well (the champion, `evo export --best`),
+    even while its generation is incomplete — here, no generation row names it."""
+    store = _run(tmp_path, {"agent.kind": "tests.toy_agent:FadingToyAgent", "population.generations": 4})
+    best = _best(store)
+    assert any(e["index"] == best["index"] and e["generation"] > best["generation"] for e in store.all_evaluations())
+    with store._db:  # not a member's latest (the fading toy peaks first), and now no generation's best
+        store._db.execute("UPDATE generations SET best_idx = -1")
+    store.prune_async()
+    row, path, _ = store.trained_checkpoint(best=True)
+    assert (row["index"], row["generation"]) == (best["index"], best["generation"]) and path.exists()

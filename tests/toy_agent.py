@@ -156,3 +156,16 @@ class CountingToyAgent(ToyAgent):
     def evaluate(self) -> Evaluation:
         CountingToyAgent.evaluations += 1
         return super().evaluate()
+
+
+class FadingToyAgent(CountingToyAgent):
+    """The counting toy agent whose evaluations fade once it has trained past `PEAK_STEPS` steps (its
+    fitness loses 0.1 per step beyond them), as an RL member that collapses after a peak: every line's
+    best state lies behind it, which is what an async run's champion (selection.champion) is for."""
+
+    kind = "tests.toy_agent:FadingToyAgent"
+    PEAK_STEPS = 30
+
+    def evaluate(self) -> Evaluation:
+        ev = super().evaluate()
+        return Evaluation(ev.fitness - 0.1 * max(0, self.steps_done - self.PEAK_STEPS), ev.metrics)
