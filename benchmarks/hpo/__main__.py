@@ -96,6 +96,19 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _write_report(report: dict[str, Any], t: Any, args: argparse.Namespace) -> None:
+    """Ratios, bootstrap comparisons (the slow part: tens of seconds with many strategies) and the plot."""
+    report["ratios"] = ratios(report)
+    report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
+                         for ref in VARIANTS if ref in report["strategies"]}
+    report["machine"]["loadavg_now"] = list(os.getloadavg())
+    Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    if args.plot:
+        from benchmarks.hpo.plot import plot
+
+        plot(report, args.plot)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, reduced budgets: minutes per strategy")
@@ -146,17 +159,10 @@ def main() -> None:
             print(f"    steps_to_target {result['steps_to_target']} seconds_to_target {result['seconds_to_target']} "
                   f"final_best {result['final_best']}" + (f" ERROR {result['error']}" if "error" in result else ""),
                   flush=True)
-            report["ratios"] = ratios(report)
-            report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
-                                 for ref in VARIANTS if ref in report["strategies"]}
-            report["machine"]["loadavg_now"] = list(os.getloadavg())
-            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
-            if args.plot:
-                from benchmarks.hpo.plot import plot
-
-                plot(report, args.plot)
+            if not args.collect:  # the report so far after every run, so an interrupted benchmark leaves one
+                _write_report(report, t, args)
     report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    _write_report(report, t, args)
     print(json.dumps(report["ratios"], indent=1))
 
 

@@ -128,6 +128,10 @@ KEEP_UNBEATEN = {"selection.keep_unbeaten": True}
 # so the steps stopped rounds did not train go to more rounds
 RUNGS = {**ASYNC, "population.rungs": [0.25, 0.5], "population.rung_metric": "train_episode_return"}
 
+# `evo-champion`: evo-rungs with the run's best state kept out of training and drawn into tournaments
+# (selection.champion), so a population whose members collapse after a peak trains on from the peak
+CHAMPION = {**RUNGS, "selection.champion": True}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -138,7 +142,8 @@ PLAIN_TOURNAMENT = {"selection.keep_unbeaten": False}
 VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
-                          "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS}.items()}
+                          "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
+                          "evo-champion": CHAMPION}.items()}
 
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,

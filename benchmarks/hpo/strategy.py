@@ -4,7 +4,7 @@
         [--quick] --out R.json
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
-evo-noarch, evo-unbeaten, evo-rungs; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
+evo-noarch, evo-unbeaten, evo-rungs, evo-champion; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-unbeaten": "evo where a member is replaced only by a tournament winner that beats it "
                              "(selection.keep_unbeaten): no coin-toss overwrites among tied members",
              "evo-rungs": "evo-async with early stopping inside rounds judged on the training return "
-                          "(population.rungs, rung_metric): the steps of stopped rounds go to more rounds"}
+                          "(population.rungs, rung_metric): the steps of stopped rounds go to more rounds",
+             "evo-champion": "evo-rungs with the run's best state kept out of training and drawn into "
+                             "tournaments (selection.champion): a population that collapses trains on from its peak"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
