@@ -49,7 +49,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -153,7 +155,7 @@ class _Champion:
 class _Hall:
     """`selection.champion`: the champion so far, and how an agent is rebuilt from its state."""
 
-    def __init__(self, best: _Champion | None, make_agent) -> None:
+    def __init__(self, best: _Champion | None, make_agent: Callable[[dict], Any]) -> None:
         self.best, self.make_agent = best, make_agent
 
     def offer(self, score: float, generation: int, index: int, state: dict, line: list[LinePoint]) -> None:
