@@ -383,10 +383,11 @@ class RunStore:
         pending = {(r, i) for _, i, r in self.slots()}
         keep_best = {(r["generation"], r["best_idx"]) for r in self._db.execute("SELECT generation, best_idx FROM generations")}
         latest = {(r[0], r[1]) for r in self._db.execute("SELECT MAX(generation), idx FROM evaluations GROUP BY idx")}
-        # and the run's best state (`trained_checkpoint(best=True)`; an async run's selection.champion)
-        keep_best |= {(r[0], r[1]) for r in self._db.execute(
-            "SELECT generation, idx FROM evaluations WHERE checkpoint IS NOT NULL "
-            "ORDER BY score DESC, generation DESC, idx DESC LIMIT 1")}
+        try:  # and the run's best state (what `evo export --best` writes; an async run's selection.champion)
+            best, _, _ = self.trained_checkpoint(best=True)
+            keep_best.add((best["generation"], best["index"]))
+        except RunStoreError:  # no trained state kept yet
+            pass
         with self._transaction() as db:
             starts = [r for r in db.execute("SELECT generation, idx, checkpoint FROM population "
                                             "WHERE checkpoint IS NOT NULL").fetchall()

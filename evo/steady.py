@@ -95,7 +95,12 @@ def rebuild_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[Line
     the round) of every evaluation that follows another on its line), from the run store: a resumed
     run judges and mutates as the uninterrupted one did."""
     full, founders, observations = _labelled_lines(store, exp)
-    return {i: [p for _, p in points] for i, points in full.items()}, founders, observations
+    return _unlabelled(full), founders, observations
+
+
+def _unlabelled(full: dict[int, list[tuple[int, LinePoint]]]) -> dict[int, list[LinePoint]]:
+    """Lines without their points' generations."""
+    return {i: [p for _, p in points] for i, points in full.items()}
 
 
 def _labelled_lines(store: RunStore, exp: Experiment) -> tuple[dict[int, list[tuple[int, LinePoint]]], dict[int, int], list]:
@@ -168,8 +173,9 @@ class _Hall:
 _CHAMPION = object()
 
 
-def _champion_from_store(store: RunStore, exp: Experiment) -> _Champion | None:
-    """The champion of a resumed run: its best kept trained checkpoint (the run store keeps it)."""
+def _champion_from_store(store: RunStore, labelled: dict[int, list[tuple[int, LinePoint]]]) -> _Champion | None:
+    """The champion of a resumed run: its best kept trained checkpoint (the run store keeps it);
+    `labelled`: the run's lines (`_labelled_lines`)."""
     from evo.checkpoint import load_state
     from evo.runstore import RunStoreError
 
@@ -178,9 +184,8 @@ def _champion_from_store(store: RunStore, exp: Experiment) -> _Champion | None:
     except RunStoreError:  # nothing evaluated yet
         return None
     state, _ = load_state(path, expect_digest=digest)
-    full, _, _ = _labelled_lines(store, exp)
     g, index = int(row["generation"]), int(row["index"])
-    return _Champion(float(row["score"]), g, index, state, [p for gen, p in full.get(index, []) if gen <= g])
+    return _Champion(float(row["score"]), g, index, state, [p for gen, p in labelled.get(index, []) if gen <= g])
 
 
 @dataclass
@@ -206,22 +211,23 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     budget = exp.population.budget
     unit = exp.selection.equal_compute if exp.selection.equal_compute != "none" else "env_steps"
     secondary = exp.selection.secondary
-    if not store.slots():
+    fresh = not store.slots()
+    if fresh:
         founders_ = initial_population(exp, context)
         store.save_initial_slots([(m.record, m.agent.get_state()) for m in founders_])
         slots = [_Slot(i, m.record, m.agent, 0, Compute()) for i, m in enumerate(founders_)]
-    else:
+    labelled, founders, observations = _labelled_lines(store, exp)
+    lines = _unlabelled(labelled)
+    if not fresh:
         slots = []
-        lines_, _, _ = rebuild_lines(store, exp)
         for slot, index, round_ in store.slots():
             rec, state = store.load_start(round_, index)
             agent = exp.agent_class.from_state(state, context)
-            line = lines_.get(index, [])
+            line = lines.get(index, [])
             slots.append(_Slot(slot, rec, agent, round_, line[-1].compute if line else Compute(), ok=bool(rec.history)))
         done = store.last_completed_generation()
         if done >= 0 and context.replay is not None:
             store.restore_replay(context.replay, done)
-    lines, founders, observations = rebuild_lines(store, exp)
     spent = store.spent()
     rounds_done = int(store.get("rounds_done") or 0)
     next_index = max(founders) + 1
@@ -240,7 +246,7 @@ def evolve_async(exp: Experiment, store: RunStore, scheduler, context: AgentCont
     rung_stats = json.loads(store.get("rung_stats") or '{"stopped": 0, "rungs_passed": 0, "env_steps_saved": 0}')
     hall = None
     if exp.selection.champion:  # the best state so far, out of training (a resumed run's from its store)
-        hall = _Hall(_champion_from_store(store, exp), lambda state: exp.agent_class.from_state(clone_tree(state), context))
+        hall = _Hall(_champion_from_store(store, labelled), lambda state: exp.agent_class.from_state(clone_tree(state), context))
 
     # population.stop_at_score: reached by a round judged before (a resumed run), or by one judged below
     target = exp.stop_score
