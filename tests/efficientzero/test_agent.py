@@ -10,6 +10,11 @@ from evo.replay import build_replay
 
 SMALL_ARCH = {"latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16, "proj_size": 16,
               "value_support": 10, "reward_support": 5}
+# the conv variant at MinAtar's image size (4 x 10 x 10 there), small: for the float64 equality checks of
+# its fast-path unroll (action maps, 1x1 convs as batched products), alone and fused
+SMALL_CONV_ARCH = {"variant": "conv", "channels": 4, "num_res_blocks": 1, "reward_head_channels": 2, "head_channels": 2,
+                   "width": 8, "lstm_hidden_size": 8, "fc_reward_layers": [8], "proj_size": 8, "value_support": 5,
+                   "reward_support": 3, "downsample": False, "norm_type": "LN"}
 FAST_HP = {"num_simulations": 4, "batch_size": 16, "replay_ratio": 0.25, "td_steps": 3, "num_unroll_steps": 3}
 # segment_length 10: rows reach the store within a short call even when no episode ends in it
 TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay": 16, "replay_capacity": 5000,

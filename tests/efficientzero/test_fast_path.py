@@ -9,7 +9,7 @@ import torch
 
 from agents.efficientzero import learner
 from agents.efficientzero.targets import bootstrap_rows, nstep_value_targets
-from tests.efficientzero.test_agent import make
+from tests.efficientzero.test_agent import SMALL_CONV_ARCH, make
 
 WEIGHTS = {"value_weight": 0.25, "policy_weight": 1.0, "value_prefix_weight": 1.0, "consistency_weight": 2.0}
 TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 2, "min_replay": 16, "replay_capacity": 5000,
@@ -29,9 +29,6 @@ def _nonzero_outputs(model, seed):
 # the conv variant on MinAtar Breakout's own images (4 x 10 x 10, 3 actions): its stacked unroll looks the
 # action planes' convolution up and runs the 1x1 convs as batched products (model.DynamicsNetwork.forward_action)
 CONV_TASK = {**TASK, "env_id": "MinAtar/Breakout-v1", "eval_episodes": 1}
-CONV_ARCH = {"variant": "conv", "channels": 6, "num_res_blocks": 1, "reward_head_channels": 2, "head_channels": 3,
-             "width": 8, "lstm_hidden_size": 8, "fc_reward_layers": [8], "proj_size": 16, "value_support": 5,
-             "reward_support": 5, "downsample": False, "norm_type": "LN"}
 
 
 @pytest.fixture(scope="module", params=["mlp", "conv"])
@@ -39,7 +36,7 @@ def member(request):
     # K = 5 steps with an LSTM horizon of 2: resets inside the unroll (after steps 2 and 4)
     hp = {"num_unroll_steps": 5, "lstm_horizon_len": 2, "td_steps": 3}
     if request.param == "conv":
-        agent = make(seed=0, hp=hp, task=CONV_TASK, arch=CONV_ARCH)
+        agent = make(seed=0, hp=hp, task=CONV_TASK, arch=SMALL_CONV_ARCH)
         assert type(agent.model).__name__ == "EfficientZeroConv"
     else:
         agent = make(seed=0, hp=hp, task=TASK)

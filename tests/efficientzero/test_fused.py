@@ -15,6 +15,7 @@ from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
 from evo.agent import AgentContext
 from evo.fused import StackedModules
 from evo.replay.view import MemberView, view_seed
+from tests.efficientzero.test_agent import SMALL_CONV_ARCH
 
 TASK = {"num_envs": 2, "eval_episodes": 2, "min_replay": 16, "segment_length": 8, "dtype": "float64"}
 ARCH = {"variant": "mlp", "latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16,
@@ -29,9 +30,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # the conv variant on MinAtar Breakout: its stacked unroll (action maps, 1x1 convs as bmm) runs under vmap
 CONV_TASK = {**TASK, "env_id": "MinAtar/Breakout-v1"}
-CONV_ARCH = {"variant": "conv", "channels": 4, "num_res_blocks": 1, "reward_head_channels": 2, "head_channels": 2,
-             "width": 8, "lstm_hidden_size": 8, "fc_reward_layers": [8], "proj_size": 8, "value_support": 5,
-             "reward_support": 3, "downsample": False, "norm_type": "LN"}
 
 
 def members(shared, task=TASK, arch=ARCH):
@@ -44,7 +42,7 @@ def members(shared, task=TASK, arch=ARCH):
     return out
 
 
-@pytest.mark.parametrize("task,arch", [(TASK, ARCH), (CONV_TASK, CONV_ARCH)], ids=["mlp", "conv"])
+@pytest.mark.parametrize("task,arch", [(TASK, ARCH), (CONV_TASK, SMALL_CONV_ARCH)], ids=["mlp", "conv"])
 def test_fused_group_equals_each_member_alone_f64(task, arch):
     spec = EfficientZeroAgent.replay_spec(task)
     from evo.replay.protocol import build_replay
