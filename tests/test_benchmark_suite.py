@@ -154,3 +154,32 @@ def test_a_continued_run_counts_its_env_steps_on_from_the_last_point():
         observer.member_event(index, "done", {"fitness": -110.0})
     observer.generation_done(2, [{"fitness": -110.0, "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
     assert [p[0] for p in observer.curve] == [400, 800, 1200] and observer.curve[-1][1] >= 20.0
+
+
+def test_random_baseline_repeats_each_start_and_each_seed_is_judged_on_its_own_starts():
+    """One draw of 10 random episodes is too noisy to divide by (40-50% of its mean on MinAtar
+    Breakout): `repeats` plays each start again with fresh actions, and a verdict judges each seed's
+    final against random on that seed's starts (`random_by_seed`), falling back to the task's."""
+    from agents.efficientzero.agent import EfficientZeroAgent
+
+    task = EfficientZeroAgent.validate_task({"env_id": "CartPole-v1"})
+    once = suite.random_policy(task, 3, 10, 500)
+    assert "repeats" not in once  # one draw: as before the option
+    many = suite.random_policy(task, 3, 10, 500, repeats=8)
+    assert many["repeats"] == 8 and many["episodes"] == 10 and many["run_seed"] == 3
+    assert 0 < many["se"] < many["std"] and 10 < many["mean"] < 60
+    # the first repeat is the single draw: the same actions on the same starts
+    assert suite.random_policy(task, 3, 10, 500, repeats=1) == once
+
+    def run(seed, final):
+        return {"seed": seed, "curve": [[1000, 1.0, final]], "final_best": final, "budget": 1000}
+
+    entry = {"runs": [run(0, 4.0), run(1, 4.0)], "random": {"mean": 0.5},
+             "random_by_seed": {"1": {"mean": 0.25, "repeats": 20, "se": 0.02, "episodes": 10}},
+             "anchor": {"text": "anchor", "return": 28.0}}
+    v = suite.verdict("minatar_breakout", entry)  # target 10x random
+    assert v["targets"] == [5.0, 2.5] and v["met"] == [False, True] and v["x_random"] == [8.0, 16.0]
+    entry["verdict"] = v
+    rows = suite.table({"tasks": {"minatar_breakout": entry}}).splitlines()[2:]
+    assert "| 0.5 |" in rows[0] and "| 0.25 ± 0.02 (200 ep) |" in rows[1]
+    assert "| 5.0 | no |" in rows[0] and "| 2.5 | yes |" in rows[1]
