@@ -8,8 +8,9 @@ Per task (experiments/suite/<task>.toml, population 4) and seed 0..K-1, an ordin
 (RunStore under runs/suite/, the file's backend) records a curve point at every committed
 generation: env steps summed over all members, seconds since `evolve` began, and the best member's
 fitness, its mean return over the file's `eval_episodes` (10) greedy evaluation episodes. Beside
-it, on the same evaluation starts (each run seed's own), **a random policy** (uniform actions, each of
-the 10 starts played `RANDOM_REPEATS` (20) times under the same step cap; one under `--quick`), **a peer** for the classic-control tasks (AgileRL's DQN
+it, on the same evaluation starts (each run seed's own), **a random policy** (uniform actions, each
+of the 10 starts played `RANDOM_REPEATS` (20) times under the same step cap; once under `--quick`),
+**a peer** for the classic-control tasks (AgileRL's DQN
 population through benchmarks/hpo/agilerl_runner.py in `.venv-agilerl`, its shipped config with
 the env id changed, on the same env-step budget, seed 0 or seeds 0..K-1 with `--peer-seeds K`, each
 evo seed judged against the peer run of its own seed; skipped with the reason recorded if its venv
