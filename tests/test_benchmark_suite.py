@@ -183,3 +183,22 @@ def test_random_baseline_repeats_each_start_and_each_seed_is_judged_on_its_own_s
     rows = suite.table({"tasks": {"minatar_breakout": entry}}).splitlines()[2:]
     assert "| 0.5 |" in rows[0] and "| 0.25 ± 0.02 (200 ep) |" in rows[1]
     assert "| 5.0 | no |" in rows[0] and "| 2.5 | yes |" in rows[1]
+
+
+def test_greedy_play_counts_a_trained_members_actions(tmp_path):
+    """benchmarks.greedy_play (the Asterix diagnosis): a member trained to each checkpoint, its search
+    played greedily, deeper and sampled, with the share of each action, beside a random policy."""
+    from benchmarks import greedy_play
+
+    out = tmp_path / "play.json"
+    result = greedy_play.main(["experiments/suite/cartpole.toml", "64", '{"num_simulations": 4}',
+                               "--episodes", "2", "--json", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["overrides"] == {"num_simulations": 4} and result["episodes"] == 2
+    (row,) = result["checkpoints"]
+    assert row["env_steps"] == 64
+    plays = [result["random"], *row["plays"]]
+    assert [(p["simulations"], p["temperature"]) for p in row["plays"]] == [(4, 0.0), (32, 0.0), (4, 1.0)]
+    for p in plays:
+        assert abs(sum(p["action_share"]) - 1.0) < 0.01 and len(p["action_share"]) == 2
+        assert p["length"] >= 8 and p["return"] == p["length"]  # CartPole: +1 a step

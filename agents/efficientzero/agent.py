@@ -80,6 +80,10 @@ class EfficientZeroAgent(TorchAgent):
             "value_weight": HParam(0.25, min=0.1, max=1.0),
             "policy_weight": HParam(1.0),
             "value_prefix_weight": HParam(1.0),
+            # the predicted policies' entropy as a bonus (LightZero's policy_entropy_weight, 5e-3 to 5e-2 in its
+            # UniZero configs): keeps a prior from collapsing onto one action when few simulations cannot
+            # outvote it; 0 computes nothing (learner.ENTROPY_WEIGHT)
+            "policy_entropy_weight": HParam(0.0),
             "collect_temperature": HParam(1.0, min=0.25, max=1.5),
             "batch_size": HParam(128, min=32, max=512, kind="int"),
             "replay_ratio": HParam(0.25, min=0.05, max=1.0),

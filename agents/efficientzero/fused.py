@@ -159,7 +159,7 @@ class FusedEfficientZero:
             template = copy.deepcopy(agents[0].model)
             hp = agents[0].hparams
             group = FusedGroup(template, len(agents), learner.fused_loss(template, int(hp["lstm_horizon_len"])),
-                               scalars=dict.fromkeys(learner.LOSS_WEIGHTS.values(), 0.0), compile=self.compile)
+                               scalars=dict.fromkeys(learner.WEIGHT_NAMES, 0.0), compile=self.compile)
             self.groups[key] = group
             self.targets[id(group)] = StackedModules(template, group.capacity)
         for slot in range(group.capacity):
@@ -171,7 +171,7 @@ class FusedEfficientZero:
                 raise ValueError("FusedEfficientZero: expected one plain Adam param group per member")
             s = settings[0]
             group.load(slot, agent.model, optimizer_state(agent.optimizer, agent.model)["state"],
-                       scalars={w: float(agent.hparams[w]) for w in learner.LOSS_WEIGHTS.values()},
+                       scalars={w: float(agent.hparams.get(w, 0.0)) for w in learner.WEIGHT_NAMES},
                        lr=float(s["lr"]), beta1=float(s["betas"][0]), beta2=float(s["betas"][1]), eps=float(s["eps"]),
                        weight_decay=float(s["weight_decay"]), max_grad_norm=float(agent.hparams["grad_clip"]))
         return group
@@ -303,7 +303,7 @@ class FusedEfficientZero:
                     self.targets[id(group)].load(m, a.target_model)
                 priorities = np.abs(terms["root_value"][m].cpu().numpy() - batch.root_target) + 1e-6
                 a.replay.update_priorities(batch.keys, priorities)
-                row = {name: float(terms[name][m]) for name in learner.LOSS_NAMES}
+                row = {name: float(terms[name][m]) for name in learner.reported_terms(a.hparams)}
                 row.update({"loss_total": total, "grad_norm": float(terms["grad_norm"][m]),
                             "target_value_mean": float(batch.root_target.mean())})
                 for k, v in row.items():

@@ -55,7 +55,8 @@ from evo.faults import check_finite
 from evo.replay import Replay
 
 __all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES",
-           "LOSS_WEIGHTS", "sample_batch", "sample_windows", "window_obs", "bootstrap_values",
+           "LOSS_WEIGHTS", "ENTROPY_WEIGHT", "WEIGHT_NAMES", "reported_terms", "sample_batch", "sample_windows",
+           "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
            "update", "COMPILE_MODES", "MAX_COMPILED_GRAPHS", "compile_cache_dir", "compiled_loss", "compile_stats"]
 
@@ -64,6 +65,29 @@ LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistenc
 #: the hyperparameter weighting each term in the total, in the order they are summed
 LOSS_WEIGHTS = {"loss_value": "value_weight", "loss_policy": "policy_weight",
                 "loss_value_prefix": "value_prefix_weight", "loss_consistency": "consistency_weight"}
+#: an optional regulariser (as LightZero's `policy_entropy_weight`): the predicted policies' negative
+#: entropy, `loss_policy_entropy`, weighted by this hyperparameter. At a weight of 0.0 (a float, the
+#: default) it is neither computed nor reported, so the four terms above are exactly what they were;
+#: a tensor weight (a fused group's, a compiled graph's) always computes it
+ENTROPY_WEIGHT = "policy_entropy_weight"
+#: every weight `loss_terms` reads from `hp`, in the order fused groups and compiled graphs pass them
+WEIGHT_NAMES = (*LOSS_WEIGHTS.values(), ENTROPY_WEIGHT)
+
+
+def _entropy_wanted(hp: Mapping[str, Any]) -> bool:
+    weight = hp.get(ENTROPY_WEIGHT, 0.0)
+    return isinstance(weight, torch.Tensor) or float(weight) != 0.0
+
+
+def reported_terms(hp: Mapping[str, Any]) -> tuple[str, ...]:
+    """The loss terms a member reports: `LOSS_NAMES`, and `loss_policy_entropy` where its weight is not 0."""
+    return LOSS_NAMES + (("loss_policy_entropy",) if float(hp.get(ENTROPY_WEIGHT, 0.0)) != 0.0 else ())
+
+
+def _negative_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """sum_a p log p over the last dimension (<= 0; minimising it spreads the policy)."""
+    log_p = F.log_softmax(logits, -1)
+    return (log_p.exp() * log_p).sum(-1)
 
 
 #: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam) and
@@ -250,8 +274,13 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
         loss_policy = loss_policy - _cross_entropy(policy_target[:, k], out.policy_logits[k]) * valid[:, k]
         cos = F.cosine_similarity(out.predicted_projections[k - 1], out.target_projections[:, k - 1], dim=-1)
         loss_consistency = loss_consistency - cos * valid[:, k]
+    loss_entropy = None
+    if _entropy_wanted(hp):
+        loss_entropy = _negative_entropy(out.policy_logits[0]) * valid[:, 0]
+        for k in range(1, K + 1):
+            loss_entropy = loss_entropy + _negative_entropy(out.policy_logits[k]) * valid[:, k]
 
-    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp)
+    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp, loss_entropy)
 
 
 def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
@@ -277,13 +306,16 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
     loss_prefix = -(ce(batch["value_prefix_target"], out.value_prefix_logits) * mask).sum(0)
     cos = F.cosine_similarity(out.predicted_projections, out.target_projections.transpose(0, 1), dim=-1)
     loss_consistency = -(cos * valid[1:]).sum(0)
-    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp)
+    loss_entropy = (_negative_entropy(out.policy_logits) * valid).sum(0) if _entropy_wanted(hp) else None
+    return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp, loss_entropy)
 
 
 def _weighted_terms(weights: torch.Tensor, loss_value: torch.Tensor, loss_policy: torch.Tensor, loss_prefix: torch.Tensor,
-                    loss_consistency: torch.Tensor, root_value: torch.Tensor, hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+                    loss_consistency: torch.Tensor, root_value: torch.Tensor, hp: Mapping[str, Any],
+                    loss_entropy: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per-window loss sums [B] -> the importance-weighted means, and their total at the member's loss weights
-    (both learner paths end here, so they weigh alike)."""
+    (both learner paths end here, so they weigh alike); `loss_entropy` (None: not wanted) is the
+    `ENTROPY_WEIGHT` regulariser's, added after the four terms."""
     terms = {
         "loss_value": (weights * loss_value).mean(),
         "loss_policy": (weights * loss_policy).mean(),
@@ -293,6 +325,9 @@ def _weighted_terms(weights: torch.Tensor, loss_value: torch.Tensor, loss_policy
     total = (hp["value_weight"] * terms["loss_value"] + hp["policy_weight"] * terms["loss_policy"]
              + hp["value_prefix_weight"] * terms["loss_value_prefix"]
              + hp["consistency_weight"] * terms["loss_consistency"])
+    if loss_entropy is not None:
+        terms["loss_policy_entropy"] = (weights * loss_entropy).mean()
+        total = total + hp[ENTROPY_WEIGHT] * terms["loss_policy_entropy"]
     return {**terms, "loss_total": total, "root_value": root_value}
 
 
@@ -379,7 +414,7 @@ def _compile_lock(key: tuple) -> Any:
 
 def _loss_to_compile(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], weights: torch.Tensor,
                      lstm_horizon_len: int) -> dict[str, torch.Tensor]:
-    hp: dict[str, Any] = dict(zip(LOSS_WEIGHTS.values(), weights.unbind(0)))
+    hp: dict[str, Any] = dict(zip(WEIGHT_NAMES, weights.unbind(0)))
     hp["lstm_horizon_len"] = lstm_horizon_len
     return _loss_terms_stacked(model, dict(model.named_parameters()), dict(model.named_buffers()), batch, hp)
 
@@ -414,7 +449,7 @@ def compiled_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], hp:
     for tensor in batch.values():
         _dynamo.mark_dynamic(tensor, 0)
     ref = next(model.parameters())
-    weights = torch.tensor([float(hp[n]) for n in LOSS_WEIGHTS.values()], dtype=ref.dtype, device=ref.device)
+    weights = torch.tensor([float(hp.get(n, 0.0)) for n in WEIGHT_NAMES], dtype=ref.dtype, device=ref.device)
     t0 = time.perf_counter()
     try:
         terms = _compiled["fn"](model, batch, weights, H)
@@ -434,7 +469,7 @@ def compiled_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], hp:
 def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
                ) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """`loss_terms` in the shape `evo.fused.FusedGroup` trains: `(params, buffers, batch, scalars) ->
-    (loss_total, terms)`, with `batch` a `Batch.tensors` and `scalars` the four `LOSS_WEIGHTS`
+    (loss_total, terms)`, with `batch` a `Batch.tensors` and `scalars` the `WEIGHT_NAMES`
     hyperparameters (0-d tensors, one value per member). `model` only supplies the code: any member
     of the architecture. The terms include `root_value`, from which the new priorities follow."""
     def loss(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], batch: Mapping[str, torch.Tensor],
@@ -456,7 +491,7 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     model.train()
     terms = compiled_loss(model, batch.tensors, hp) if compile and _path == "fast" else None
     if terms is None:
-        weights = {name: float(hp[name]) for name in LOSS_WEIGHTS.values()}
+        weights = {name: float(hp.get(name, 0.0)) for name in WEIGHT_NAMES}
         terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
                            {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
@@ -486,7 +521,7 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
 
     priorities = np.abs(terms["root_value"].cpu().numpy() - batch.root_target) + 1e-6
     replay.update_priorities(batch.keys, priorities)
-    out = {name: float(terms[name].detach()) for name in LOSS_NAMES}
+    out = {name: float(terms[name].detach()) for name in reported_terms(hp)}
     out.update({"loss_total": float(terms["loss_total"].detach()), "grad_norm": float(grad_norm),
                 "target_value_mean": float(batch.root_target.mean())})
     return out

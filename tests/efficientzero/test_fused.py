@@ -1,7 +1,7 @@
 """Fused EfficientZero equals each member alone: in float64, a group trained and evaluated with
 `FusedEfficientZero` (one search over all members' roots, one vmapped gradient step per round)
 gives every member the weights, metrics and fitness its own `train` / `evaluate` give it, with
-different lr, discount, loss weights and replay ratio per member."""
+different lr, discount, loss weights (the policy-entropy bonus too) and replay ratio per member."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ TASK = {"num_envs": 2, "eval_episodes": 2, "min_replay": 16, "segment_length": 8
 ARCH = {"variant": "mlp", "latent_size": 16, "width": 16, "blocks": [16], "lstm_hidden_size": 16,
         "fc_reward_layers": [8], "proj_size": 16, "value_support": 5, "reward_support": 3}
 HPARAMS = [{"lr": 3e-3, "discount": 0.99, "replay_ratio": 0.25, "consistency_weight": 2.0},
-           {"lr": 1e-3, "discount": 0.97, "replay_ratio": 0.5, "consistency_weight": 0.5, "num_simulations": 6},
+           {"lr": 1e-3, "discount": 0.97, "replay_ratio": 0.5, "consistency_weight": 0.5, "num_simulations": 6,
+            "policy_entropy_weight": 0.05},
            {"lr": 5e-3, "discount": 0.995, "replay_ratio": 0.25, "value_weight": 0.5, "target_update_interval": 5}]
 
 
@@ -60,6 +61,11 @@ def test_fused_group_equals_each_member_alone_f64(task, arch):
         assert set(e_fused.metrics) == set(e_alone.metrics) and e_fused.metrics["eval_seconds"] > 0
         for k in ("loss_total", "loss_value", "loss_consistency", "grad_norm"):
             assert abs(m_alone[k] - m_fused[k]) < 1e-9, k
+        # the entropy bonus (member 1's) reaches the fused step too, and is reported only where it is weighed
+        weighed = a.hparams["policy_entropy_weight"] != 0
+        assert ("loss_policy_entropy" in m_alone) == weighed == ("loss_policy_entropy" in m_fused)
+        if "loss_policy_entropy" in m_alone:
+            assert abs(m_alone["loss_policy_entropy"] - m_fused["loss_policy_entropy"]) < 1e-9
         for (name, p), q in zip(a.model.named_parameters(), f.model.parameters()):
             assert float((p - q).abs().max()) < 1e-9, name
         sa, sf = a.optimizer.state_dict()["state"], f.optimizer.state_dict()["state"]

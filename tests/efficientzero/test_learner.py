@@ -1,6 +1,8 @@
 """The learner's loss is a pure function of (parameters, buffers, batch, loss weights): it equals the
 step-by-step module computation bit for bit, and runs under torch.func.vmap over stacked members."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -181,3 +183,62 @@ def test_fused_group_trains_members_as_their_own_updates_would(trained):
         fused = dict(group.read(slot).named_parameters())
         for name, p in m.model.named_parameters():
             torch.testing.assert_close(fused[name], p.detach(), rtol=1e-4, atol=1e-6)
+
+
+def _policy_logits(model, batch):
+    """The predicted policy logits [K+1, B, A] along the unroll (no gradient)."""
+    with torch.no_grad():
+        return model(batch["obs"], batch["actions"], 2, stacked=True).policy_logits
+
+
+@pytest.mark.parametrize("path", ["fast", "baseline"])
+def test_policy_entropy_bonus_is_the_masked_negative_entropy_and_free_at_zero(trained, path):
+    """`policy_entropy_weight` adds w * mean_b(weight_b * sum_k valid_bk * sum_a p log p) to the total;
+    at 0.0 nothing is computed or reported and the other terms and the total are exactly what they were."""
+    (a, _), (batch, _) = trained
+    model, t = a.model.train(), batch.tensors
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    with learner.use_path(path):
+        plain = learner.loss_terms(model, params, buffers, t, {**WEIGHTS, "lstm_horizon_len": 2})
+        zero = learner.loss_terms(model, params, buffers, t, {**WEIGHTS, "policy_entropy_weight": 0.0, "lstm_horizon_len": 2})
+        bonus = learner.loss_terms(model, params, buffers, t, {**WEIGHTS, "policy_entropy_weight": 0.1, "lstm_horizon_len": 2})
+    assert "loss_policy_entropy" not in zero and "loss_policy_entropy" in bonus
+    for name in (*learner.LOSS_NAMES, "loss_total"):
+        assert torch.equal(plain[name], zero[name]), name
+    for name in learner.LOSS_NAMES:
+        assert torch.equal(plain[name], bonus[name]), name
+    logits = _policy_logits(model, t)
+    log_p = F.log_softmax(logits, -1)
+    per_window = ((log_p.exp() * log_p).sum(-1) * t["valid"].transpose(0, 1)).sum(0)
+    want = (t["weights"] * per_window).mean()
+    torch.testing.assert_close(bonus["loss_policy_entropy"].detach(), want, rtol=1e-5, atol=1e-6)
+    assert float(want) < 0  # a negative entropy: minimising it spreads the policy
+    torch.testing.assert_close(bonus["loss_total"], plain["loss_total"] + 0.1 * bonus["loss_policy_entropy"])
+
+
+class _NoPriorities:
+    def update_priorities(self, keys, priorities):  # the fixture's store keeps its priorities
+        pass
+
+
+def test_policy_entropy_bonus_spreads_the_learned_policy(trained):
+    """Trained on the same batch, whose policy targets all name action 0 (the collapse the bonus is
+    for), a member with the bonus keeps a higher policy entropy than one without, and reports the
+    term; at weight 0 the update reports exactly the four terms."""
+    (a, _), (batch, _) = trained
+    target = torch.zeros_like(batch.tensors["policy_target"])
+    target[..., 0] = 1.0
+    batch = dataclasses.replace(batch, tensors={**batch.tensors, "policy_target": target})
+    entropies = {}
+    for weight in (0.0, 1.0):
+        member = make(seed=0, index=0, hp={"lstm_horizon_len": 2, "policy_entropy_weight": weight})
+        member.model.load_state_dict(a.model.state_dict())
+        member.target_model.load_state_dict(a.model.state_dict())
+        member.optimizer = torch.optim.Adam(member.model.parameters(), lr=1e-2)
+        for step in range(1, 31):
+            metrics = learner.update(member.model, member.target_model, member.optimizer, _NoPriorities(), batch,
+                                     member.hparams, step)
+        assert ("loss_policy_entropy" in metrics) == (weight != 0)
+        log_p = F.log_softmax(_policy_logits(member.model, batch.tensors), -1)
+        entropies[weight] = float(-(log_p.exp() * log_p).sum(-1).mean())
+    assert entropies[1.0] > entropies[0.0] + 0.05, entropies

@@ -1,0 +1,113 @@
+"""What a member's greedy play does (issue 23's Asterix diagnosis): one EfficientZero member of a
+suite file trained alone, and after each checkpoint its search played on the evaluation starts,
+counting the share of each action, the return and the episode length, beside a random policy.
+
+    python -m benchmarks.greedy_play FILE STEPS[,STEPS...] ['{"policy_entropy_weight": 0.05}'] [--episodes N] [--json OUT]
+
+STEPS are the env-step counts at which the member is examined (trained in chunks of 5,000). At each,
+its search plays `--episodes` (30) episodes from the evaluation starts of seed 0 at (simulations,
+temperature) = (the file's, 0), (32, 0) and (the file's, 1): greedy, greedy with a deeper search, and
+sampled as collection samples. The JSON overrides the file's [agent.hparams] starting values. One
+member, no evolution, no Ray: env steps are that member's. Results: docs/efficientzero.md, "Asterix".
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 5000
+
+
+def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | None, temperature: float,
+         rng: np.random.Generator, cap: int = 1000) -> dict[str, Any]:
+    """`episodes` episodes from the evaluation starts; `simulations` None plays uniformly at random."""
+    import torch
+
+    from agents.efficientzero.envs import EnvPool
+    from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
+    from agents.efficientzero.selfplay import chosen_actions
+
+    pool = EnvPool(task, episodes)
+    for i in range(episodes):
+        pool.reset_to(i, 12345 + i)  # run seed 0's evaluation starts (SelfPlay.evaluation)
+    n_actions = pool.envs[0].action_space.n
+    mcts = None if simulations is None else BatchedMCTS(MCTSConfig.from_hparams(agent.hparams, simulations))
+    agent.model.eval()
+    counts: collections.Counter = collections.Counter()
+    returns, lengths, done = np.zeros(episodes), np.zeros(episodes, dtype=np.int64), np.zeros(episodes, dtype=bool)
+    while not done.all():
+        if mcts is None:
+            actions = rng.integers(0, n_actions, episodes)
+        else:
+            obs = torch.as_tensor(pool.observations(), dtype=torch.float32)
+            actions = chosen_actions(mcts.run(agent.model, obs, None, add_noise=False), temperature, rng)
+        for i in np.flatnonzero(~done):
+            counts[int(actions[i])] += 1
+            _, reward, term, trunc, _ = pool.step(i, int(actions[i]))
+            returns[i] += reward
+            lengths[i] += 1
+            done[i] = term or trunc or lengths[i] >= cap
+    total = sum(counts.values())
+    return {"return": float(returns.mean()), "se": float(returns.std() / np.sqrt(episodes)),
+            "length": float(lengths.mean()), "action_share": [round(counts[a] / total, 3) for a in range(n_actions)]}
+
+
+def examine(file: str, checkpoints: list[int], overrides: dict[str, Any], episodes: int = 30) -> dict[str, Any]:
+    import torch
+
+    from agents.efficientzero import EfficientZeroAgent
+    from evo.agent import AgentContext
+    from evo.replay import build_replay
+
+    torch.set_num_threads(1)
+    data = tomllib.loads((ROOT / file).read_text())
+    task = dict(data["agent"]["task"])
+    hp = {k: (v["value"] if isinstance(v, dict) else v) for k, v in data["agent"]["hparams"].items()}
+    hp.update(overrides)
+    replay = build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False)
+    agent = EfficientZeroAgent.create(dict(data["agent"]["arch"]), hp, 0, 0, AgentContext(task=task, replay=replay, seed=0))
+    rng = np.random.default_rng(1)
+    sims = int(agent.hparams["num_simulations"])
+    out: dict[str, Any] = {"file": file, "overrides": overrides, "episodes": episodes,
+                           "random": play(agent, task, episodes, None, 0.0, rng), "checkpoints": []}
+    print("random", out["random"], flush=True)
+    for steps in sorted(checkpoints):
+        train_return = None
+        while agent.env_steps < steps:
+            train_return = agent.train(min(CHUNK, steps - agent.env_steps)).get("train_episode_return")
+        row: dict[str, Any] = {"env_steps": agent.env_steps, "train_episode_return": train_return, "plays": []}
+        for simulations, temperature in [(sims, 0.0), (32, 0.0), (sims, 1.0)]:
+            row["plays"].append({"simulations": simulations, "temperature": temperature,
+                                 **play(agent, task, episodes, simulations, temperature, rng)})
+            print(steps, row["plays"][-1], flush=True)
+        out["checkpoints"].append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = {"--json": None, "--episodes": "30"}
+    for flag in options:
+        if flag in args:
+            i = args.index(flag)
+            options[flag] = args[i + 1]
+            del args[i:i + 2]
+    if len(args) < 2:
+        raise SystemExit(__doc__)
+    checkpoints = [int(s) for s in args[1].split(",")]
+    result = examine(args[0], checkpoints, json.loads(args[2]) if len(args) > 2 else {}, int(options["--episodes"]))
+    if options["--json"]:
+        Path(options["--json"]).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
