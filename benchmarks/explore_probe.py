@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tomllib
@@ -25,7 +26,9 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def probe(name: str, total: int, chunk: int, overrides: dict) -> dict:
+def one_member(overrides: dict) -> tuple[Any, str, int, dict, dict]:
+    """One EfficientZero member of a suite file with its own store, as the module docstring's JSON
+    describes ("file", "env_id", "seed", "task", the rest hyperparameters): (agent, file, seed, task, hparams)."""
     import torch
 
     from agents.efficientzero import EfficientZeroAgent
@@ -44,6 +47,11 @@ def probe(name: str, total: int, chunk: int, overrides: dict) -> dict:
     replay = build_replay(EfficientZeroAgent.replay_spec(task), seed, distributed=False)
     agent = EfficientZeroAgent.create(dict(data["agent"]["arch"]), hp, seed, 0,
                                       AgentContext(task=task, replay=replay, seed=seed))
+    return agent, file, seed, task, hp
+
+
+def probe(name: str, total: int, chunk: int, overrides: dict) -> dict:
+    agent, file, seed, task, hp = one_member(overrides)
     finished: list[float] = []
     collect = agent.selfplay.collect
 

@@ -7,7 +7,8 @@ counting the share of each action, the return and the episode length, beside a r
 STEPS are the env-step counts at which the member is examined (trained in chunks of 5,000). At each,
 its search plays `--episodes` (30) episodes from the evaluation starts of seed 0 at (simulations,
 temperature) = (the file's, 0), (32, 0) and (the file's, 1): greedy, greedy with a deeper search, and
-sampled as collection samples. The JSON overrides the file's [agent.hparams] starting values. One
+sampled as collection samples. The JSON overrides the file's [agent.hparams] starting values (seed 0;
+the keys as `benchmarks.explore_probe`'s, which builds the member). One
 member, no evolution, no Ray: env steps are that member's. Results: docs/efficientzero.md, "Asterix".
 """
 
@@ -20,9 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
 CHUNK = 5000
 
 
@@ -61,19 +60,9 @@ def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | Non
 
 
 def examine(file: str, checkpoints: list[int], overrides: dict[str, Any], episodes: int = 30) -> dict[str, Any]:
-    import torch
+    from benchmarks.explore_probe import one_member
 
-    from agents.efficientzero import EfficientZeroAgent
-    from evo.agent import AgentContext
-    from evo.replay import build_replay
-
-    torch.set_num_threads(1)
-    data = tomllib.loads((ROOT / file).read_text())
-    task = dict(data["agent"]["task"])
-    hp = {k: (v["value"] if isinstance(v, dict) else v) for k, v in data["agent"]["hparams"].items()}
-    hp.update(overrides)
-    replay = build_replay(EfficientZeroAgent.replay_spec(task), 0, distributed=False)
-    agent = EfficientZeroAgent.create(dict(data["agent"]["arch"]), hp, 0, 0, AgentContext(task=task, replay=replay, seed=0))
+    agent, _, _, task, _ = one_member({"file": file, **overrides})
     rng = np.random.default_rng(1)
     sims = int(agent.hparams["num_simulations"])
     out: dict[str, Any] = {"file": file, "overrides": overrides, "episodes": episodes,
