@@ -32,11 +32,11 @@ def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | Non
 
     from agents.efficientzero.envs import EnvPool
     from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
-    from agents.efficientzero.selfplay import chosen_actions
+    from agents.efficientzero.selfplay import chosen_actions, evaluation_seed
 
     pool = EnvPool(task, episodes)
     for i in range(episodes):
-        pool.reset_to(i, 12345 + i)  # run seed 0's evaluation starts (SelfPlay.evaluation)
+        pool.reset_to(i, evaluation_seed(0, i))  # run seed 0's evaluation starts
     n_actions = pool.envs[0].action_space.n
     mcts = None if simulations is None else BatchedMCTS(MCTSConfig.from_hparams(agent.hparams, simulations))
     agent.model.eval()

@@ -124,17 +124,18 @@ RANDOM_REPEATS = 20
 def random_policy(task: dict[str, Any], run_seed: int, episodes: int, cap: int, seed: int = 0,
                   repeats: int = 1) -> dict[str, Any]:
     """Uniform random actions on the evaluation starts of `run_seed` (as `SelfPlay.evaluation`: env i
-    starts from seed run_seed * 7919 + 12345 + i), `cap` steps at most per episode; each start is
+    starts from seed `selfplay.evaluation_seed(run_seed, i)`), `cap` steps at most per episode; each start is
     played `repeats` times with independent actions. `mean`, `std` and `se` are over all
     `episodes * repeats` episodes (`repeats` 1 draws exactly what it did before the option)."""
     from agents.efficientzero.envs import EnvPool
+    from agents.efficientzero.selfplay import evaluation_seed
 
     pool = EnvPool(task, episodes)
     rng = np.random.default_rng(seed)
     returns = np.zeros((repeats, episodes))
     for r in range(repeats):
         for i in range(episodes):
-            pool.reset_to(i, int(run_seed) * 7919 + 12345 + i)
+            pool.reset_to(i, evaluation_seed(run_seed, i))
             n = pool.envs[i].action_space.n
             for _ in range(cap):
                 _, reward, term, trunc, _ = pool.step(i, int(rng.integers(n)))
@@ -305,23 +306,22 @@ def run_peer(name: str, seed: int, env_id: str, budget: int, steps_per_generatio
             "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
 
 
+def target_for(spec: dict[str, Any], random_mean: float | None) -> float | None:
+    """A task's target: its fixed one, or `target_x_random` times a random baseline's mean (None without one)."""
+    if "target" in spec:
+        return spec["target"]
+    return None if random_mean is None else spec["target_x_random"] * max(random_mean, 1e-9)
+
+
 def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets against the runs: per seed, did the final best reach the target (and stretch)?"""
     spec = TASKS[name]
     runs = [r for r in entry.get("runs", []) if r.get("curve")]
     # a "x random" target is judged per seed, against random on that seed's own evaluation starts
     rnds = [random_for(entry, r["seed"]).get("mean") for r in runs]
-    if "target" in spec:
-        targets = [spec["target"]] * len(runs)
-    else:
-        targets = [None if rnd is None else spec["target_x_random"] * max(rnd, 1e-9) for rnd in rnds]
+    targets = [target_for(spec, r) for r in rnds]
     rnd = entry.get("random", {}).get("mean")
-    if "target" in spec:
-        target = spec["target"]
-    elif rnd is not None:
-        target = spec["target_x_random"] * max(rnd, 1e-9)
-    else:
-        target = None
+    target = target_for(spec, rnd)
     finals = [r["final_best"] for r in runs]
     out: dict[str, Any] = {"target": target, "targets": targets, "finals": finals,
                            "met": [None if t is None else f >= t for f, t in zip(finals, targets)]
@@ -333,13 +333,12 @@ def verdict(name: str, entry: dict[str, Any]) -> dict[str, Any]:
     held = [r["heldout"] if "last_elite" in (r.get("heldout") or {}) else None for r in runs]
     if any(held):
         # judged as the finals are, on the fresh episodes (the x-random target against random on those starts)
-        targets = [None if h is None else spec["target"] if "target" in spec
-                   else spec["target_x_random"] * max(h["random"]["mean"], 1e-9) for h in held]
+        held_targets = [None if h is None else target_for(spec, h["random"]["mean"]) for h in held]
         out["heldout_finals"] = [None if h is None else h["last_elite"]["fitness"] for h in held]
         out["heldout_best_checkpoint"] = [None if h is None else h["best_checkpoint"]["fitness"] for h in held]
-        out["heldout_met"] = [None if h is None else h["last_elite"]["fitness"] >= t for h, t in zip(held, targets)]
+        out["heldout_met"] = [None if h is None else h["last_elite"]["fitness"] >= t for h, t in zip(held, held_targets)]
         out["heldout_best_met"] = [None if h is None else h["best_checkpoint"]["fitness"] >= t
-                                   for h, t in zip(held, targets)]
+                                   for h, t in zip(held, held_targets)]
     peers = [peer_for(entry, r["seed"]) for r in runs]
     if peers and all(p.get("final_best") is not None for p in peers):
         out["peer_finals"] = [p["final_best"] for p in peers]

@@ -30,7 +30,8 @@ from agents.efficientzero.envs import EnvPool
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult, select_actions
 from evo.replay import Field, Replay, Schema
 
-__all__ = ["SelfPlay", "replay_schema", "drive", "chosen_actions", "EPISODE_SHIFT", "ExtendedExploration"]
+__all__ = ["SelfPlay", "replay_schema", "drive", "chosen_actions", "evaluation_seed", "EPISODE_SHIFT",
+           "ExtendedExploration"]
 
 #: episode ids are (member index << EPISODE_SHIFT) | the member's episode counter: unique in a run
 EPISODE_SHIFT = 40
@@ -50,6 +51,12 @@ def replay_schema(obs_shape: tuple[int, ...], num_actions: int, obs_dtype: str =
         "episode": Field("int64"),
         "step": Field("int64"),
     })
+
+
+def evaluation_seed(run_seed: int, i: int) -> int:
+    """The seed evaluation episode `i` of a run seeded `run_seed` starts from (`SelfPlay.evaluation`;
+    baselines that play the same starts use it too)."""
+    return int(run_seed) * 7919 + 12345 + i
 
 
 def _empty_rows() -> dict[str, list]:
@@ -204,7 +211,7 @@ class SelfPlay:
 
     def evaluation(self, run_seed: int) -> Generator[np.ndarray, SearchResult, dict[str, float]]:
         """`evaluate` without the search: yields the observations, expects their (noise-free) search
-        result. Env i starts from seed `run_seed * 7919 + 12345 + i`
+        result. Env i starts from seed `evaluation_seed(run_seed, i)`
         (every member faces the same starts); an episode stops at the env's own end or after
         `eval_max_steps` steps (counted in `eval_truncated`)."""
         n, cap = int(self.task["eval_episodes"]), int(self.task["eval_max_steps"])
@@ -212,7 +219,7 @@ class SelfPlay:
             self._eval_pool = EnvPool(self.task, n)
         pool = self._eval_pool
         for i in range(n):
-            pool.reset_to(i, int(run_seed) * 7919 + 12345 + i)
+            pool.reset_to(i, evaluation_seed(run_seed, i))
         returns, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         done, capped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         while not done.all():
