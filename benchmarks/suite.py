@@ -21,10 +21,12 @@ Every finished run is then evaluated **held out** (`heldout`, `evo.heldout`): it
 best kept checkpoint (the highest score over the run), each on 50 fresh episodes from the run seed
 + 1000, beside a random policy on those starts. The curve's points score every member on the same
 10 starts and keep the best, so they are biased up and noisy; the held-out numbers are neither, and
-the verdict reports them beside the finals (`heldout_finals`, `heldout_met`, ...).
+the verdict reports them beside the finals (`heldout_finals`, `heldout_met`, ...). Each run also
+records `train_return`: the population's mean training-episode return per generation, which shows
+whether the population learned or one member's evaluation got lucky.
 
-`--reuse` continues from OUT: finished runs are kept (and get `heldout` if they lack it and their
-RunStore under runs/suite/ still holds their curve); an interrupted run (its RunStore under
+`--reuse` continues from OUT: finished runs are kept (and get `heldout` and `train_return` if they
+lack them and their RunStore under runs/suite/ still holds their curve); an interrupted run (its RunStore under
 runs/suite/ and its curve in OUT) continues from its last committed generation, with its curve and
 clock carried on. `--max-minutes` stops a run after the first generation past that many minutes of
 wall time (the run is marked partial; `--reuse` goes on from there). `--quick` shrinks every task to
@@ -196,14 +198,29 @@ def store_name(name: str, seed: int, quick: bool, overrides: dict[str, Any] | No
     return f"{name}_s{seed}{variant_suffix(overrides)}{'_quick' if quick else ''}"
 
 
-def add_heldout(name: str, run: dict[str, Any], overrides: dict[str, Any] | None) -> None:
-    """`heldout` for a finished run of an earlier call (--reuse), from its RunStore under RUNS_DIR,
-    or the reason it cannot be had."""
+def train_returns(store) -> list[float | None]:
+    """The population's mean training-episode return (`train_episode_return`, the episodes a member played
+    while collecting) per committed generation; None for a generation where no member finished an episode.
+    The curve's final is the best of the members' greedy evaluations, a maximum of noisy estimates; this mean
+    over every member shows whether the population as a whole learned (a take-off) or one member got lucky."""
+    done = store.last_completed_generation() + 1
+    by_gen: list[list[float]] = [[] for _ in range(done)]
+    for row in store.all_evaluations():
+        value = row["train_metrics"].get("train_episode_return")
+        if row["generation"] < done and value is not None:
+            by_gen[row["generation"]].append(float(value))
+    return [round(float(np.mean(v)), 4) if v else None for v in by_gen]
+
+
+def add_from_store(name: str, run: dict[str, Any], overrides: dict[str, Any] | None) -> None:
+    """What a finished run of an earlier call (--reuse) lacks — `heldout`, `train_return` — from its
+    RunStore under RUNS_DIR, or in `heldout` the reason it cannot be had."""
     from evo.runstore import RunStore
 
     path = RUNS_DIR / store_name(name, run["seed"], False, overrides)
     if not path.exists():
-        run["heldout"] = {"skipped": f"its RunStore ({path}) is no longer on this machine"}
+        if run.get("heldout") is None:
+            run["heldout"] = {"skipped": f"its RunStore ({path}) is no longer on this machine"}
         return
     exp, _ = load_task(name, run["seed"], False, overrides)
     store = RunStore.open(path, read_only=True)
@@ -213,9 +230,13 @@ def add_heldout(name: str, run: dict[str, Any], overrides: dict[str, Any] | None
         for row in store.all_evaluations():
             best[row["generation"]] = max(best.get(row["generation"], -np.inf), row["fitness"])
         if [best.get(g) for g in range(len(run["curve"]))] != [p[2] for p in run["curve"]]:
-            run["heldout"] = {"skipped": f"{path} holds another run than this curve"}
-        else:
+            if run.get("heldout") is None:
+                run["heldout"] = {"skipped": f"{path} holds another run than this curve"}
+            return
+        if run.get("heldout") is None:
             run["heldout"] = heldout(store, exp, HELDOUT_EPISODES)
+        if run.get("train_return") is None:
+            run["train_return"] = train_returns(store)
     finally:
         store.close()
 
@@ -256,7 +277,7 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
             raise _Stop
 
     observer.on_point = point
-    partial, held = False, None
+    partial, held, train = False, None, None
     try:
         try:
             evolve(exp, store, scheduler, context, observer=observer)
@@ -267,13 +288,14 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
             scheduler.close()
         if not partial:
             held = heldout(store, exp, 2 if quick else HELDOUT_EPISODES)
+        train = train_returns(store)
     finally:
         store.close()
         if tmp is not None:
             tmp.cleanup()
     c = observer.curve
     return {"seed": seed, "curve": c, "partial": partial, "wall_s": c[-1][1] if c else None, "heldout": held,
-            "final_best": c[-1][2] if c else None, "peak_best": max((p[2] for p in c), default=None),
+            "train_return": train, "final_best": c[-1][2] if c else None, "peak_best": max((p[2] for p in c), default=None),
             "budget": exp.population.size * exp.population.generations * exp.population.steps_per_generation,
             "population": exp.population.size, "backend": exp.backend,
             "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
@@ -387,8 +409,9 @@ def plot(results: dict[str, Any], path: str) -> None:
 def table(results: dict[str, Any]) -> str:
     """The results as a markdown table (docs/benchmarks.md): one row per task and seed."""
     rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
-            "| anchor | target | met | held-out: last elite / best checkpoint (random) | load at start/end |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| anchor | target | met | held-out: last elite / best checkpoint (random) | load at start/end "
+            "| mean train return, first → last generation |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["tasks"].items():
         v = entry.get("verdict", {})
         runs = [r for r in entry.get("runs", []) if r.get("curve")]
@@ -406,7 +429,8 @@ def table(results: dict[str, Any]) -> str:
                         f"| {best:.1f} ({peak:.1f}) "
                         f"| {random_cell(random_for(entry, run['seed']))} | {peer_text} "
                         f"| {entry['anchor']['text']} | {target} | {met} | {heldout_cell(run.get('heldout'))} "
-                        f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} |")
+                        f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} "
+                        f"| {train_cell(run.get('train_return'))} |")
     return "\n".join(rows)
 
 
@@ -417,6 +441,12 @@ def random_cell(rnd: dict[str, Any]) -> str:
     if rnd.get("repeats", 1) > 1:
         return f"{rnd['mean']:.2f} ± {rnd['se']:.2f} ({rnd['episodes'] * rnd['repeats']} ep)"
     return f"{rnd['mean']:.1f}"
+
+
+def train_cell(train: list[float | None] | None) -> str:
+    """'0.40 → 1.48' for a run's mean training returns per generation, '?' where none were recorded."""
+    known = [t for t in train or [] if t is not None]
+    return f"{known[0]:.2f} → {known[-1]:.2f}" if known else "?"
 
 
 def heldout_cell(held: dict[str, Any] | None) -> str:
@@ -498,8 +528,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             prev = next((r for r in entry["runs"] if r["seed"] == seed), None)
             if prev is not None and not prev.get("partial"):
-                if prev.get("heldout") is None and not args.quick:
-                    add_heldout(name, prev, overrides)
+                if (prev.get("heldout") is None or prev.get("train_return") is None) and not args.quick:
+                    add_from_store(name, prev, overrides)
                     save()
                 continue
 

@@ -34,6 +34,7 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
         assert held["last_elite"]["run_fitness"] == best and np.isfinite(held["best_checkpoint"]["fitness"]), name
         assert entry["verdict"]["heldout_finals"] == [held["last_elite"]["fitness"]], name
         assert entry["anchor"]["return"] is not None
+        assert len(run["train_return"]) == len(run["curve"]) == 1, name  # the mean training return per generation
     assert (tmp_path / "suite.png").stat().st_size > 0
     # --reuse keeps a finished run (its curve is not recomputed)
     stamped = json.loads(out.read_text())
@@ -122,25 +123,36 @@ def test_set_overrides_an_ablation_with_its_own_runs_and_first_seed(tmp_path):
         suite.main(["--quick", "--tasks", "cartpole", "--set", "population", "--json", str(out)])
 
 
-def test_reuse_adds_held_out_only_from_the_runs_own_store(tmp_path, monkeypatch):
-    """An earlier call's finished run gets its held-out evaluation from its RunStore under runs/suite/,
-    but not from a store that is gone or holds another run (a later call may reuse the name)."""
+def test_reuse_adds_held_out_and_train_returns_only_from_the_runs_own_store(tmp_path, monkeypatch):
+    """An earlier call's finished run gets its held-out evaluation and its mean training returns from its
+    RunStore under runs/suite/, but not from a store that is gone or holds another run (a later call may
+    reuse the name)."""
     from evo.runstore import EvaluatedMember, RunStore
     from evo.testing.runstore_contract import evaluated, founders
 
     monkeypatch.setattr(suite, "RUNS_DIR", tmp_path)
     gone = {"seed": 0, "curve": [[1000, 1.0, 20.0]]}
-    suite.add_heldout("cartpole", gone, None)
-    assert "no longer on this machine" in gone["heldout"]["skipped"]
+    suite.add_from_store("cartpole", gone, None)
+    assert "no longer on this machine" in gone["heldout"]["skipped"] and "train_return" not in gone
     store = RunStore.create(tmp_path, "cartpole_s0", "name='x'", {})
     population = founders([0, 1])
     store.save_initial_population(population)
-    trained = [EvaluatedMember(e.record, f, f, {}, {}, e.state) for e, f in zip(evaluated(population, 0), [30.0, 9.0])]
+    trained = [EvaluatedMember(e.record, f, f, {}, train, e.state) for e, f, train in
+               zip(evaluated(population, 0), [30.0, 9.0], [{"train_episode_return": 1.5}, {"train_episode_return": 4.0}])]
     store.commit_generation(0, trained, population, wall_s=1.0)
+    # a member that finished no episode in its generation is left out of that generation's mean
+    trained = [EvaluatedMember(e.record, f, f, {}, train, e.state) for e, f, train in
+               zip(evaluated(population, 1), [31.0, 8.0], [{"train_episode_return": 2.0}, {}])]
+    store.commit_generation(1, trained, population, wall_s=1.0)
+    assert suite.train_returns(store) == [2.75, 2.0]
     store.close()
     other = {"seed": 0, "curve": [[1000, 1.0, 20.0]]}  # its curve's best (20) is not the store's (30)
-    suite.add_heldout("cartpole", other, None)
-    assert "holds another run" in other["heldout"]["skipped"]
+    suite.add_from_store("cartpole", other, None)
+    assert "holds another run" in other["heldout"]["skipped"] and "train_return" not in other
+    own = {"seed": 0, "curve": [[1000, 1.0, 30.0], [2000, 2.0, 31.0]], "heldout": {"skipped": "kept as it was"}}
+    suite.add_from_store("cartpole", own, None)
+    assert own["train_return"] == [2.75, 2.0] and own["heldout"] == {"skipped": "kept as it was"}
+    assert "| 2.75 → 2.00 |" in suite.table({"tasks": {"cartpole": {"runs": [own], "anchor": {"text": "-"}}}})
 
 
 def test_a_continued_run_counts_its_env_steps_on_from_the_last_point():
