@@ -89,6 +89,23 @@ def test_minatar_is_a_small_uint8_image_for_the_conv_model(learn):
     assert row.dtype == np.uint8 and row.max() in (0, 255)
 
 
+def test_a_minatar_episode_from_a_seed_does_not_depend_on_the_episode_before():
+    # MinAtar's sticky actions repeat the last action played (p = 0.1); its reset kept that action from
+    # the episode before, so the same seed and actions gave different episodes (evaluations that
+    # differed from one call to the next). Two pools whose episodes before end moving left and right.
+    task = EfficientZeroAgent.validate_task({"env_id": "MinAtar/Breakout-v1", "num_envs": 1})
+    left, right = EnvPool(task, 1), EnvPool(task, 1)
+    for seed in range(60):
+        episodes = []
+        for pool, before in ((left, 1), (right, 2)):
+            pool.reset_to(0, 10_000 + seed)
+            for _ in range(3):
+                pool.step(0, before)
+            obs = [pool.reset_to(0, seed)] + [pool.step(0, 0)[0] for _ in range(4)]
+            episodes.append(np.stack(obs))
+        assert np.array_equal(*episodes), f"seed {seed}: the episode depends on the one before"
+
+
 def test_atari_follows_the_100k_protocol():
     task = EfficientZeroAgent.validate_task({"env_id": "ALE/Pong-v5", "num_envs": 1})
     assert task["atari"] == ATARI_DEFAULTS
