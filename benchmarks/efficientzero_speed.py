@@ -5,7 +5,9 @@
 
 Three arms: "baseline" (`learner.use_path("baseline")`, the step-by-step code), "fast" (the default
 eager path; float64 equality with the baseline: tests/efficientzero/test_fast_path.py) and "compiled"
-(the fast path with `task.compile = "on"`: `learner.compiled_loss`, tests/efficientzero/test_compile.py).
+(the fast path with `task.compile = "on"`: `learner.compiled_loss`, tests/efficientzero/test_compile.py);
+a fourth when named in `--arms`: "bf16" (the fast path with `task.autocast = "bf16"`,
+tests/efficientzero/test_autocast.py; `ratio_bf16_*`: bf16 / baseline, `ratio_bf16_fast_*`: bf16 / fast).
 Each section builds a member from an experiment file's defaults (its task, arch and hyperparameter
 values), trains it until its replay is warm, compiles (the compiled arm's first update, timed and
 reported as `compile_seconds`, with whether inductor's disk cache already held the graph: a cold
@@ -79,21 +81,23 @@ def build_member(name: str, seed: int = 0) -> Any:
 
 
 ARMS = ("baseline", "fast", "compiled")
+EXTRA_ARMS = ("bf16",)  # measured only when named in --arms
 DEVICE = "cpu"  # --device: where members' networks live
 
 
 @contextlib.contextmanager
 def arm(agent: Any, name: str) -> Iterator[None]:
-    """Run `agent` on arm `name`: its learner path, and its `task.compile`."""
+    """Run `agent` on arm `name`: its learner path, its `task.compile` and its `task.autocast`."""
     from agents.efficientzero import learner
 
-    old = agent.task["compile"]
+    old = agent.task["compile"], agent.task["autocast"]
     agent.task["compile"] = "on" if name == "compiled" else "off"
+    agent.task["autocast"] = "bf16" if name == "bf16" else "off"
     try:
         with learner.use_path("baseline" if name == "baseline" else "fast"):
             yield
     finally:
-        agent.task["compile"] = old
+        agent.task["compile"], agent.task["autocast"] = old
 
 
 def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
@@ -117,7 +121,8 @@ def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str,
                      for stat, fn in (("median", statistics.median), ("best", max)) for clock in ("wall", "cpu")}
         out[name]["windows"] = [{k: round(v, 4) for k, v in w.items()} for w in ws]
     ratios = {"ratio": ("fast", "baseline"), "ratio_compiled": ("compiled", "baseline"),
-              "ratio_compiled_fast": ("compiled", "fast")}
+              "ratio_compiled_fast": ("compiled", "fast"), "ratio_bf16": ("bf16", "baseline"),
+              "ratio_bf16_fast": ("bf16", "fast")}
     for prefix, (num, den) in ratios.items():
         if num in out and den in out:
             for stat in ("median", "best"):
@@ -158,14 +163,14 @@ def learner_section(quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
 
     def work() -> None:
         name = "baseline" if learner.current_path() == "baseline" else (
-            "compiled" if agent.task["compile"] == "on" else "fast")
+            "compiled" if agent.task["compile"] == "on" else "bf16" if agent.task["autocast"] == "bf16" else "fast")
         part = parts[name]
         for _ in range(n):
             t0 = time.process_time()
             batch = learner.sample_batch(agent.replay, agent.target_model, agent.hparams, agent.rng)
             t1 = time.process_time()
             learner.update(agent.model, agent.target_model, agent.optimizer, agent.replay, batch, agent.hparams,
-                           agent.updates + 1, compile=agent.task["compile"] == "on")
+                           agent.updates + 1, compile=agent.task["compile"] == "on", autocast=agent.task["autocast"])
             agent.updates += 1
             part[0] += t1 - t0
             part[1] += time.process_time() - t1
@@ -281,7 +286,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about a minute on an idle 2-core machine")
     parser.add_argument("--only", default="learner,cartpole,minatar", help="comma-separated sections")
-    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of " + ",".join(ARMS))
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of " + ",".join(ARMS + EXTRA_ARMS))
     parser.add_argument("--cache-dir", default=None, help="inductor's cache (TORCHINDUCTOR_CACHE_DIR) for this run")
     parser.add_argument("--generations", type=int, default=None, help="mainjob: generations per run (default: "
                         "the experiment's 6, 3 with --quick)")
@@ -294,8 +299,8 @@ def main() -> None:
     global DEVICE
     DEVICE = checked_device(args.device)
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    if not arms or any(a not in ARMS for a in arms):
-        raise SystemExit(f"--arms: expected some of {','.join(ARMS)}, found {args.arms!r}")
+    if not arms or any(a not in ARMS + EXTRA_ARMS for a in arms):
+        raise SystemExit(f"--arms: expected some of {','.join(ARMS + EXTRA_ARMS)}, found {args.arms!r}")
     if args.allocator == "ab":
         out = allocator_ab(args)
         if args.json:
@@ -331,7 +336,8 @@ def main() -> None:
         else:
             raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar, mainjob")
         summary = {k: v for k, v in out[section].items()
-                   if k.startswith(("ratio_median_cpu", "ratio_on")) or (k.startswith("ratio_compiled") and "median_cpu" in k)
+                   if k.startswith(("ratio_median_cpu", "ratio_on"))
+                   or (k.startswith(("ratio_compiled", "ratio_bf16")) and "median_cpu" in k)
                    or k in ("skipped", "compile_seconds", "cache_files_before")}
         print(section, json.dumps(summary), flush=True)
     out["loadavg_end"] = list(os.getloadavg())

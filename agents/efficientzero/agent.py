@@ -59,6 +59,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     # torch.compile of the learner's loss and backward: "off" or "on" (learner.compiled_loss; the
     # compiled graphs are cached on disk for every process of the machine; docs/efficientzero.md "Compile")
     "compile": "off",
+    # bfloat16 autocast of the learner's forward and backward: "off" or "bf16" (learner.AUTOCAST_MODES;
+    # for conv members on CPUs with bf16 kernels; docs/efficientzero.md "bf16")
+    "autocast": "off",
 }
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -186,6 +189,11 @@ class EfficientZeroAgent(TorchAgent):
             raise ValueError(f"task.compile: expected one of {list(learner.COMPILE_MODES)}, found {out['compile']!r}")
         if out["dtype"] not in DTYPES:
             raise ValueError(f"task.dtype: expected one of {sorted(DTYPES)}, found {out['dtype']!r}")
+        if out["autocast"] not in learner.AUTOCAST_MODES:
+            raise ValueError(f"task.autocast: expected one of {list(learner.AUTOCAST_MODES)}, found {out['autocast']!r}")
+        if out["autocast"] != "off" and (out["compile"] != "off" or out["dtype"] != "float32"):
+            raise ValueError(f"task.autocast: {out['autocast']!r} needs compile = 'off' and dtype = 'float32', "
+                             f"found compile = {out['compile']!r}, dtype = {out['dtype']!r}")
         if is_atari(out["env_id"]):
             out["atari"] = check_atari_settings(out["atari"])
         elif out["atari"]:
@@ -319,7 +327,8 @@ class EfficientZeroAgent(TorchAgent):
         """One gradient update from the shared replay (see `learner`)."""
         batch = learner.sample_batch(self.replay, self.target_model, self.hparams, self.rng)
         metrics = learner.update(self.model, self.target_model, self.optimizer, self.replay, batch, self.hparams,
-                                 step=self.updates + 1, compile=self.task["compile"] == "on")
+                                 step=self.updates + 1, compile=self.task["compile"] == "on",
+                                 autocast=self.task["autocast"])
         self.updates += 1
         return metrics
 

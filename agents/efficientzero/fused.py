@@ -135,6 +135,7 @@ class FusedEfficientZero:
         self.groups: dict[str, FusedGroup] = {}
         self.targets: dict[int, StackedModules] = {}  # id(group) -> its members' target networks, slot for slot
         self._warned = False
+        self._warned_autocast = False
 
     # ---- grouping ---------------------------------------------------------------------------
     def group_key(self, agent: Any) -> str | None:
@@ -154,6 +155,10 @@ class FusedEfficientZero:
         key = self.group_key(agents[0])
         if key is None or any(self.group_key(a) != key for a in agents):
             raise ValueError("FusedEfficientZero: a group's members must share one architecture key")
+        if not self._warned_autocast and any(a.task.get("autocast", "off") != "off" for a in agents):
+            warnings.warn("fused training: task.autocast applies to members trained one by one; a fused group "
+                          "trains in the networks' own dtype", stacklevel=2)
+            self._warned_autocast = True
         group = self.groups.get(key)
         if group is None or group.capacity < len(agents):
             template = copy.deepcopy(agents[0].model)

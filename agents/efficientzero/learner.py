@@ -58,7 +58,8 @@ __all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES
            "LOSS_WEIGHTS", "ENTROPY_WEIGHT", "WEIGHT_NAMES", "reported_terms", "sample_batch", "sample_windows",
            "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
-           "update", "COMPILE_MODES", "MAX_COMPILED_GRAPHS", "compile_cache_dir", "compiled_loss", "compile_stats"]
+           "update", "AUTOCAST_MODES", "COMPILE_MODES", "MAX_COMPILED_GRAPHS", "compile_cache_dir", "compiled_loss",
+           "compile_stats"]
 
 #: the named loss terms `loss_terms` returns (besides `loss_total` and the detached `root_value`)
 LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistency")
@@ -356,6 +357,11 @@ def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> to
 # ---------------------------------------------------------------------------------------------
 #: `task.compile` values: "off" (eager) or "on" (`compiled_loss`)
 COMPILE_MODES = ("off", "on")
+#: `task.autocast`: "bf16" runs the update's forward and backward under torch.autocast in bfloat16
+#: (convolutions and matrix products in bf16, norms and the loss's softmaxes in float32); targets,
+#: search, clipping and Adam stay in the networks' float32. It pays for conv members on a CPU with
+#: bf16 kernels (avx512_bf16 or AMX) and slows small MLP members (docs/efficientzero.md "bf16").
+AUTOCAST_MODES = ("off", "bf16")
 #: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
 #: cache); a member of any further architecture trains eagerly
 MAX_COMPILED_GRAPHS = 8
@@ -482,18 +488,26 @@ def fused_loss(model: torch.nn.Module, lstm_horizon_len: int
 
 
 def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: torch.optim.Optimizer, replay: Replay,
-           batch: Batch, hp: Mapping[str, Any], step: int, compile: bool = False) -> dict[str, float]:
+           batch: Batch, hp: Mapping[str, Any], step: int, compile: bool = False, autocast: str = "off") -> dict[str, float]:
     """Update number `step` (counting from 1): one Adam step on `loss_terms` with the model's own
     parameters, gradient norm clipped at `grad_clip`; the target network copies the model every
     `target_update_interval` updates; the sampled windows get priorities |V(o_0) - z_0| + 1e-6.
-    With `compile` (fast path only) the loss and its backward run through `compiled_loss`.
-    Returns the loss terms, `loss_total`, `grad_norm` and `target_value_mean`."""
+    With `compile` (fast path only) the loss and its backward run through `compiled_loss`; with
+    `autocast` "bf16" (eager only) the loss's forward, and so its backward, run in bfloat16
+    (`AUTOCAST_MODES`). Returns the loss terms, `loss_total`, `grad_norm` and `target_value_mean`."""
+    if autocast not in AUTOCAST_MODES:
+        raise ValueError(f"autocast: expected one of {list(AUTOCAST_MODES)}, found {autocast!r}")
+    if autocast != "off" and compile:
+        raise ValueError("autocast: 'bf16' runs the eager loss; it cannot be combined with compile")
     model.train()
     terms = compiled_loss(model, batch.tensors, hp) if compile and _path == "fast" else None
     if terms is None:
         weights = {name: float(hp.get(name, 0.0)) for name in WEIGHT_NAMES}
-        terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
-                           {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
+        with torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
+            terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
+                               {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
+        if autocast != "off":  # bf16 outputs back to float32 (differentiable casts): the loss and priorities
+            terms = {name: t.float() for name, t in terms.items()}
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()
