@@ -85,9 +85,15 @@ def reported_terms(hp: Mapping[str, Any]) -> tuple[str, ...]:
     return LOSS_NAMES + (("loss_policy_entropy",) if float(hp.get(ENTROPY_WEIGHT, 0.0)) != 0.0 else ())
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float32 when autocast left it in a 16-bit type (CPU autocast runs softmaxes and sums in
+    their input's dtype); float32 and float64 tensors pass unchanged."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def _negative_entropy(logits: torch.Tensor) -> torch.Tensor:
     """sum_a p log p over the last dimension (<= 0; minimising it spreads the policy)."""
-    log_p = F.log_softmax(logits, -1)
+    log_p = F.log_softmax(_full(logits), -1)
     return (log_p.exp() * log_p).sum(-1)
 
 
@@ -242,7 +248,7 @@ def reanalyse_policy(target_model: torch.nn.Module, obs: torch.Tensor, policy: n
 
 
 def _cross_entropy(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    return (target * F.log_softmax(logits, -1)).sum(-1)
+    return (target * F.log_softmax(_full(logits), -1)).sum(-1)
 
 
 def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
@@ -263,7 +269,7 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     valid, mask, weights = batch["valid"], batch["mask"], batch["weights"]
     B, K = batch["actions"].shape
 
-    root_value = support_to_scalar(out.value_logits[0].detach(), model.value_support)
+    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support)
     value_valid = batch.get("value_valid", valid)  # = valid unless hp absorbing_terminal
     loss_value = -_cross_entropy(value_target[:, 0], out.value_logits[0]) * value_valid[:, 0]
     loss_policy = -_cross_entropy(policy_target[:, 0], out.policy_logits[0]) * valid[:, 0]
@@ -273,7 +279,7 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
         loss_prefix = loss_prefix - _cross_entropy(prefix_target[:, k - 1], out.value_prefix_logits[k - 1]) * mask[:, k - 1]
         loss_value = loss_value - _cross_entropy(value_target[:, k], out.value_logits[k]) * value_valid[:, k]
         loss_policy = loss_policy - _cross_entropy(policy_target[:, k], out.policy_logits[k]) * valid[:, k]
-        cos = F.cosine_similarity(out.predicted_projections[k - 1], out.target_projections[:, k - 1], dim=-1)
+        cos = F.cosine_similarity(_full(out.predicted_projections[k - 1]), _full(out.target_projections[:, k - 1]), dim=-1)
         loss_consistency = loss_consistency - cos * valid[:, k]
     loss_entropy = None
     if _entropy_wanted(hp):
@@ -298,14 +304,14 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
     weights = batch["weights"]
 
     def ce(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # target [B, S, n], logits [S, B, n]
-        return (target.transpose(0, 1) * F.log_softmax(logits, -1)).sum(-1)
+        return (target.transpose(0, 1) * F.log_softmax(_full(logits), -1)).sum(-1)
 
-    root_value = support_to_scalar(out.value_logits[0].detach(), model.value_support)
+    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support)
     value_valid = batch["value_valid"].transpose(0, 1) if "value_valid" in batch else valid  # hp absorbing_terminal
     loss_value = -(ce(batch["value_target"], out.value_logits) * value_valid).sum(0)
     loss_policy = -(ce(batch["policy_target"], out.policy_logits) * valid).sum(0)
     loss_prefix = -(ce(batch["value_prefix_target"], out.value_prefix_logits) * mask).sum(0)
-    cos = F.cosine_similarity(out.predicted_projections, out.target_projections.transpose(0, 1), dim=-1)
+    cos = F.cosine_similarity(_full(out.predicted_projections), _full(out.target_projections).transpose(0, 1), dim=-1)
     loss_consistency = -(cos * valid[1:]).sum(0)
     loss_entropy = (_negative_entropy(out.policy_logits) * valid).sum(0) if _entropy_wanted(hp) else None
     return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp, loss_entropy)
@@ -358,9 +364,10 @@ def _clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> to
 #: `task.compile` values: "off" (eager) or "on" (`compiled_loss`)
 COMPILE_MODES = ("off", "on")
 #: `task.autocast`: "bf16" runs the update's forward and backward under torch.autocast in bfloat16
-#: (convolutions and matrix products in bf16, norms and the loss's softmaxes in float32); targets,
-#: search, clipping and Adam stay in the networks' float32. It pays for conv members on a CPU with
-#: bf16 kernels (avx512_bf16 or AMX) and slows small MLP members (docs/efficientzero.md "bf16").
+#: (convolutions and matrix products in bf16, and on a CPU the norms and activations after them; the
+#: loss's softmaxes and cosines in float32: `_full`); targets, search, clipping and Adam stay float32.
+#: It pays for conv members on a CPU with bf16 kernels (avx512_bf16 or AMX) and slows small MLP
+#: members (docs/efficientzero.md "bf16").
 AUTOCAST_MODES = ("off", "bf16")
 #: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
 #: cache); a member of any further architecture trains eagerly
