@@ -43,6 +43,20 @@ def test_bf16_runs_the_update_convolutions_in_bfloat16_and_keeps_float32_weights
     assert all(isinstance(v, float) and v == v for v in metrics.values())
 
 
+def test_bf16_takes_the_loss_softmaxes_in_float32(member, monkeypatch):
+    """CPU autocast leaves log_softmax in its input's dtype; the loss upcasts the bf16 logits first."""
+    seen = []
+    log_softmax = torch.nn.functional.log_softmax
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.dtype)
+        return log_softmax(x, *args, **kwargs)
+
+    monkeypatch.setattr(learner.F, "log_softmax", spy)
+    member.update()
+    assert seen and set(seen) == {torch.float32}
+
+
 def test_off_keeps_every_convolution_in_float32(member):
     member.task["autocast"] = "off"
     try:
