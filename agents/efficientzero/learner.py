@@ -513,8 +513,6 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
         with torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
             terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
                                {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
-        if autocast != "off":  # bf16 outputs back to float32 (differentiable casts): the loss and priorities
-            terms = {name: t.float() for name, t in terms.items()}
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)
     terms["loss_total"].backward()
