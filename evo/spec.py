@@ -134,6 +134,10 @@ class SelectionSpec(_Strict):
                                                       "of training and drawn into tournaments like a member; drawn, "
                                                       "and more than tie_tolerance above the winner's latest score, "
                                                       "its mutated clone takes the finisher's slot")
+    champion_margin: float | None = Field(default=None, ge=0,
+                                          description="with champion: it enters tournaments only while every member's "
+                                                      "latest score is more than this below it (the population has "
+                                                      "fallen from its peak); unset: always")
 
 
 class MutationSpec(_Strict):
@@ -255,6 +259,9 @@ class ExperimentSpec(_Strict):
         if self.selection.champion and self.population.mode != "async":
             raise ValueError("selection.champion: expected population.mode = 'async' (a synchronous run keeps its "
                              "elite with selection.elitism), found mode 'sync'")
+        if self.selection.champion_margin is not None and not self.selection.champion:
+            raise ValueError(f"selection.champion_margin: expected selection.champion = true (the margin gates the "
+                             f"champion), found champion = false (champion_margin = {self.selection.champion_margin})")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")

@@ -22,7 +22,9 @@ member is scored and judged at once, against the latest scores of the others:
 * `selection.champion`: the best state evaluated so far is kept out of training and drawn like one
   more rival; drawn, and more than `tie_tolerance` above the winner's latest score, its mutated
   clone takes the slot, starting the round after its evaluation (every slot keeps training, so
-  without it a peak a population trains itself away from is lost).
+  without it a peak a population trains itself away from is lost). With
+  `selection.champion_margin` it is drawn only while every member's latest score is more than the
+  margin below it: after a fall, not whenever a luckier old evaluation is ahead of the members;
 
 A slot that fails gets a clone of a tournament winner among the others (or, when none has been
 evaluated yet, its member is tried again, `resources.max_failures` times).
@@ -171,6 +173,19 @@ class _Hall:
 
 #: the champion as a tournament entrant (it has no slot)
 _CHAMPION = object()
+
+
+def champion_called(champion_score: float, latest: list[float], margin: float | None) -> bool:
+    """Does the champion enter tournaments now (`selection.champion_margin`)? Always without a margin;
+    with one, only while every member's latest score (`latest`) is more than `margin` below it. The
+    champion is the highest of many noisy evaluations, so without the gate it keeps pulling slots back
+    to an old state whenever its luck is ahead of the members' latest scores."""
+    return margin is None or all(score < champion_score - margin for score in latest)
+
+
+def _latest_scores(slots: list[_Slot], lines: dict[int, list[LinePoint]]) -> list[float]:
+    """Each working slot's member's latest score (the finisher's included: its line already has this round)."""
+    return [lines[o.record.index][-1].score for o in slots if o.ok and lines.get(o.record.index)]
 
 
 def _champion_from_store(store: RunStore, labelled: dict[int, list[tuple[int, LinePoint]]]) -> _Champion | None:
@@ -476,6 +491,9 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
     k = exp.selection.tournament_size
     winner, why = None, "no rival yet"
     champion = hall.best if hall is not None else None
+    if champion is not None and not champion_called(champion.score, _latest_scores(slots, lines),
+                                                    exp.selection.champion_margin):
+        champion = None  # the population has not fallen from the peak: it trains on from where it is
     if rivals:
         enters = s.ok and stopped_at is None
         pool = rivals + ([_CHAMPION] if champion is not None else [])

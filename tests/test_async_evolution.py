@@ -355,6 +355,40 @@ def test_a_killed_run_with_a_champion_resumes_to_the_uninterrupted_run(tmp_path:
     assert any(m["index"] >= 10 for m in chosen)  # a champion clone made after the crash's point, from the store
 
 
+def test_the_champion_is_called_only_after_the_population_falls_below_its_margin() -> None:
+    from evo.steady import champion_called
+
+    assert champion_called(10.0, [9.9, 12.0], None)  # no margin: always in the pool
+    assert champion_called(10.0, [4.0, 2.5], 5.0)  # every member more than 5 below the peak: a fall
+    assert not champion_called(10.0, [4.0, 5.0], 5.0)  # one member at exactly the margin holds the line
+    assert not champion_called(10.0, [4.0, 10.0], 5.0)  # the peak's own line still scores it
+    assert champion_called(10.0, [9.0], 0.0)  # margin 0: any member below it
+
+
+def test_a_champion_margin_no_member_falls_below_leaves_the_run_as_without_a_champion(tmp_path: Path) -> None:
+    # the fading toy falls ~3 a round; a margin of 1e6 is never crossed, so the champion never enters
+    # a tournament, and it draws nothing from the rng either: the run is the plain tournament's, round for round
+    gated = _run(tmp_path, {**CHAMPION, "selection.champion_margin": 1e6, "population.generations": 6}, name="gated")
+    plain = _run(tmp_path, {**CHAMPION, "selection.champion": False, "population.generations": 6}, name="plain")
+    assert not any(m["mutation"] and m["mutation"]["details"]["selected_by"] == "champion" for m in gated.all_members())
+    assert rounds(gated.path) == rounds(plain.path)
+    # a margin the fade crosses: the champion is called back, as without a margin
+    fallen = _run(tmp_path, {**CHAMPION, "selection.champion_margin": 1.0, "population.generations": 6}, name="fallen")
+    clones = [m for m in fallen.all_members() if m["mutation"] and m["mutation"]["details"]["selected_by"] == "champion"]
+    assert clones, "the population fell more than the margin below its peak, and no slot was given the champion"
+
+
+def test_a_champion_margin_needs_the_champion() -> None:
+    from evo.spec import SpecError
+
+    with pytest.raises(SpecError, match="selection.champion_margin: expected selection.champion = true"):
+        load_experiment(TOY_EXPERIMENT, {**ASYNC, "selection.champion_margin": 5.0})
+    with pytest.raises(SpecError, match="champion_margin"):
+        load_experiment(TOY_EXPERIMENT, {**ASYNC, "selection.champion": True, "selection.champion_margin": -1.0})
+    spec = load_experiment(TOY_EXPERIMENT, {**ASYNC, "selection.champion": True, "selection.champion_margin": 5.0})[0]
+    assert spec.selection.champion_margin == 5.0
+
+
 def test_the_champion_needs_async_mode() -> None:
     from evo.spec import SpecError
 

@@ -77,6 +77,19 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
         assert changes["selection.keep_unbeaten"] is (name == "evo-unbeaten"), name
 
 
+def test_the_fallback_strategy_sets_a_champion_margin_of_a_fifth_of_each_tasks_target():
+    """evo-fallback is evo-champion plus selection.champion_margin, in the task's score units."""
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    for name, margin in (("cartpole", 95.0), ("randomwalks", 0.18)):
+        t = task(name, quick=True)
+        fallback, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-fallback"]))
+        champion, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-champion"]))
+        assert fallback.selection.champion and fallback.selection.champion_margin == pytest.approx(margin), name
+        assert fallback.selection.model_copy(update={"champion_margin": None}) == champion.selection
+        assert fallback.population == champion.population and fallback.mutation == champion.mutation
+
+
 def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     curve = [[100, 1.0, 10.0], [200, 2.0, 480.0], [300, 3.0, 300.0]]
     assert summarise(curve, 475) == {"steps_to_target": 200, "seconds_to_target": 2.0, "final_best": 300.0,

@@ -132,6 +132,12 @@ RUNGS = {**ASYNC, "population.rungs": [0.25, 0.5], "population.rung_metric": "tr
 # (selection.champion), so a population whose members collapse after a peak trains on from the peak
 CHAMPION = {**RUNGS, "selection.champion": True}
 
+# `evo-fallback`: evo-champion with the champion called back only after a fall: it enters tournaments
+# only while every member's latest score is more than a fifth of the task's target below it
+# (selection.champion_margin), so the luckiest old evaluation does not keep pulling slots back to it.
+# A value that is a function of the task is resolved by `settings`.
+FALLBACK = {**CHAMPION, "selection.champion_margin": lambda t: 0.2 * t.target}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -143,7 +149,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
-                          "evo-champion": CHAMPION}.items()}
+                          "evo-champion": CHAMPION, "evo-fallback": FALLBACK}.items()}
+
+
+def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` for task `t`: a value given as a function of the task (FALLBACK's margin) is called."""
+    return {key: value(t) if callable(value) else value for key, value in overrides.items()}
 
 
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
@@ -152,7 +163,7 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
 
-    overrides = dict(overrides or {})
+    overrides = settings(t, overrides or {})
     budget = None
     if overrides.get("population.rungs"):  # rounds end early: the budget, not the rounds' count, ends the run
         budget = t.budget
