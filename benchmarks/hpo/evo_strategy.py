@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,13 @@ def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
     return {key: value(t) if callable(value) else value for key, value in overrides.items()}
 
 
+def selection_counts(store: Any) -> dict[str, int]:
+    """How many children each selection reason made in a run (`selected_by` of every member's mutation:
+    "score", "champion", "founder line kept"...): the run store is temporary, so the counts go in the JSON."""
+    counts = Counter(m["mutation"]["details"].get("selected_by", "?") for m in store.all_members() if m["mutation"])
+    return dict(sorted(counts.items()))
+
+
 def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], None] | None = None,
         overrides: dict[str, Any] | None = None, regime: str = "tuned") -> dict[str, Any]:
     """`overrides`: experiment settings changed for an ablation or mode (dotted keys, e.g. NO_MUTATION, ASYNC)."""
@@ -181,6 +189,7 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
             if observer.population and observer.budget is None and observer.rounds_done % observer.population:
                 observer.async_point()  # the last rounds, fewer than a population's worth
             spent = store.spent().to_json()
+            chosen = selection_counts(store)
         finally:
             scheduler.close()
             store.close()
@@ -188,6 +197,7 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
         "curve": observer.curve,
         "profile": observer.profile,
         "spent": spent,  # env steps, updates and member-seconds the run trained (evo.compute)
+        "selected_by": chosen,  # why each child was made: how often the champion was called back, say
         "used": {"selection": f"tournament {exp.selection.tournament_size}, elitism {exp.selection.elitism}, "
                               f"fitness window {exp.selection.fitness_window}",
                  "mode": exp.population.mode, "regime": regime, "initial": exp.population.initial,
