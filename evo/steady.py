@@ -183,11 +183,6 @@ def champion_called(champion_score: float, latest: list[float], margin: float | 
     return margin is None or all(score < champion_score - margin for score in latest)
 
 
-def _latest_scores(slots: list[_Slot], lines: dict[int, list[LinePoint]]) -> list[float]:
-    """Each working slot's member's latest score (the finisher's included: its line already has this round)."""
-    return [lines[o.record.index][-1].score for o in slots if o.ok and lines.get(o.record.index)]
-
-
 def _champion_from_store(store: RunStore, labelled: dict[int, list[tuple[int, LinePoint]]]) -> _Champion | None:
     """The champion of a resumed run: its best kept trained checkpoint (the run store keeps it);
     `labelled`: the run's lines (`_labelled_lines`)."""
@@ -487,11 +482,12 @@ def _judge(exp: Experiment, slots: list[_Slot], s: _Slot, result: MemberResult, 
         ev = EvaluatedMember(_frozen(rec), float(result.evaluation.fitness), score, metrics,
                              result.train_metrics, state, result.wall_s, compute=after)
         s.start, s.ok, s.failures = after, True, 0
-    rivals = [o for o in slots if o is not s and o.ok and lines.get(o.record.index)]
+    judged = [o for o in slots if o.ok and lines.get(o.record.index)]  # the finisher too: its line has this round
+    rivals = [o for o in judged if o is not s]
     k = exp.selection.tournament_size
     winner, why = None, "no rival yet"
     champion = hall.best if hall is not None else None
-    if champion is not None and not champion_called(champion.score, _latest_scores(slots, lines),
+    if champion is not None and not champion_called(champion.score, [lines[o.record.index][-1].score for o in judged],
                                                     exp.selection.champion_margin):
         champion = None  # the population has not fallen from the peak: it trains on from where it is
     if rivals:
