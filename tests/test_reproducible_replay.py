@@ -13,7 +13,7 @@ import pytest
 
 from evo.agent import AgentContext, Evaluation
 from evo.replay import Field, ReplayError, ReplayStore, Schema
-from evo.replay.view import MemberView, commit_views, view_seed
+from evo.replay.view import BLOCK_BATCHES, MemberView, commit_views, view_seed
 from evo.scheduler.inline import InlineScheduler
 
 SCHEMA = Schema({"obs": Field("float32", (3,)), "episode": Field("int64"), "step": Field("int64")})
@@ -93,6 +93,78 @@ def test_prioritised_weights_are_normalised_over_both_shards() -> None:
     stored = base.get(k[~is_own])  # priorities of shared rows are 4.0 or the max seen (4.0) -> same weight
     assert stored["obs"].shape[0] == int((~is_own).sum())
     assert np.allclose(w[~is_own], (0.01 / 4.0) ** (alpha * beta), rtol=1e-5)
+
+
+class Counted:
+    """A shared store whose seeded reads are counted; `remote` makes the view fetch ahead in a thread."""
+
+    def __init__(self, store: ReplayStore, remote: bool) -> None:
+        self.store, self.remote, self.reads = store, remote, 0
+        self.schema = store.schema
+
+    def sample(self, n: int, seed: int | None = None):
+        self.reads += 1
+        return self.store.sample(n, seed=seed)
+
+    def sample_sequences(self, n: int, length: int, seed: int | None = None):
+        self.reads += 1
+        return self.store.sample_sequences(n, length, seed=seed)
+
+
+def wait_for_reads(store: Counted, n: int, timeout: float = 10.0) -> bool:
+    """Whether `store` has seen `n` reads (the last one, fetched ahead, runs in the reader thread)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while store.reads < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.reads == n
+
+
+def test_shared_reads_come_in_blocks_fetched_ahead_with_the_same_rows() -> None:
+    """One read of the shared store per BLOCK_BATCHES batches; a remote store's next block is fetched
+    ahead in a thread, and the member sees exactly the rows the in-process order gives."""
+    store = shared()
+    basis = store.view_basis()
+    lazy, ahead = Counted(store, remote=False), Counted(store, remote=True)
+    views = [MemberView(b, basis, view_seed(0, 1, 2)) for b in (lazy, ahead)]
+    drawn = [member_session(v, 3) + [np.asarray(v.sample_sequences(16, 4).keys) for _ in range(2 * BLOCK_BATCHES)]
+             for v in views]
+    assert all(np.array_equal(a, b) for a, b in zip(*drawn))
+    assert lazy.reads >= 2 and wait_for_reads(ahead, lazy.reads + 1)  # the next block is always already requested
+    lazy, ahead = Counted(store, remote=False), Counted(store, remote=True)
+    for view in (MemberView(lazy, basis, 4), MemberView(ahead, basis, 4)):  # no own rows: every draw is shared
+        for _ in range(2 * BLOCK_BATCHES + 1):
+            view.sample_sequences(16, 4)
+    assert lazy.reads == 3 and wait_for_reads(ahead, 4)
+    rows_batches = [MemberView(b, basis, 5) for b in (Counted(store, False), Counted(store, True))]
+    got = [[np.asarray(v.sample(64).keys) for _ in range(10)] for v in rows_batches]
+    assert all(np.array_equal(a, b) for a, b in zip(*got))
+
+
+def test_shared_reads_draw_each_row_in_proportion_to_its_priority() -> None:
+    """The blocks are shuffled stratified draws: over many batches a row's share is its priority's
+    (chi-square against p**alpha; the same counts are far from uniform, so the test has power)."""
+    from tests.replay.test_sharded import goodness_of_fit
+
+    store = shared()  # 200 rows
+    keys = store.sample(200, seed=0).keys
+    all_keys = np.unique(np.asarray(keys))
+    store.update_priorities(all_keys, np.linspace(0.1, 3.0, all_keys.size))
+    basis = store.view_basis()
+    view = MemberView(store, basis, 11)
+    counts = np.zeros(all_keys.size)
+    drawn = np.concatenate([np.asarray(view.sample(48).keys) for _ in range(600)])
+    found = np.searchsorted(all_keys, drawn)
+    assert np.array_equal(all_keys[found], drawn)  # only rows whose priority was set are drawn...
+    np.add.at(counts, found, 1)
+    p = np.linspace(0.1, 3.0, all_keys.size) ** basis.alpha
+    assert goodness_of_fit(counts, p / p.sum()) > 1e-3
+    assert goodness_of_fit(counts, np.full(all_keys.size, 1 / all_keys.size)) < 1e-6
+    # a block is shuffled: unshuffled, a stratified block's first batch would hold only the rows at the
+    # start of the priority mass (here the first two of ten episodes)
+    first = MemberView(fresh := shared(), fresh.view_basis(), 12).sample(16)
+    assert np.unique(np.asarray(first.data["episode"])).size >= 4
 
 
 def test_staged_writes_reach_the_store_in_member_order() -> None:

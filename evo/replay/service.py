@@ -329,6 +329,8 @@ class ReplayService:
     """Client for a replay actor: the ReplayStore API, blocking, numpy back. Picklable, so it can be
     handed to training actors; ``ReplayService.connect(name)`` finds a named service from anywhere."""
 
+    remote = True  # every call is a round trip to the actor (member views fetch their reads ahead: evo.replay.view)
+
     def __init__(self, actor: Any, timeout_s: float | None = None) -> None:
         import ray
 

@@ -187,6 +187,11 @@ class ShardedReplay:
         self._fast: tuple | None = None  # (_last, cumulative masses, rows of _last): see _cache_fast
         self.calls = 0  # shard calls made by this client object (tests count them)
 
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are Ray actors (a call is a round trip; member views fetch their reads ahead)."""
+        return isinstance(self._shards, _RayShards)
+
     # ------------------------------------------------------------------ construction
     @staticmethod
     def _check(schema: Schema, shards: int, capacity: int, episode_field: str | None) -> None:

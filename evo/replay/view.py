@@ -12,6 +12,11 @@ independent of scheduling (docs/replay.md, "Member views"):
   weights are normalised by the smallest priority over both shards, as one store would.
 * **randomness** comes from the view's own generator, seeded by (run seed, member index,
   generation), never from the shared store's stream.
+* **draws from the shared store come in blocks** (`_SharedReads`): `BLOCK_BATCHES` batches' worth
+  of rows in one seeded call, shuffled, handed out in order, the next block requested as soon as
+  one is opened. On Ray each call to the store is a round trip to its actor (~2 ms, longer when the
+  cores are busy), one per gradient update before; now one per `BLOCK_BATCHES` updates, and it is
+  in flight while the member computes.
 * **writes** (inserts and priority updates) are *staged*: inserts go to the overlay, priority
   updates of overlay rows apply there at once, and every write is also logged. After the
   generation the engine replays each member's log against the shared store, in member order
@@ -27,7 +32,8 @@ store (they take effect at the boundary).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,6 +47,9 @@ from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch, _as_keys
 __all__ = ["MemberView", "view_seed", "commit_views"]
 
 _MIN_OVERLAY = 4096  # first overlay size in rows; it doubles (replaying its own log) up to the store's capacity
+#: a read of the shared store fetches this many batches' worth of rows (one round trip per 8 batches on Ray)
+BLOCK_BATCHES = 8
+_reader: ThreadPoolExecutor | None = None  # fetches the next block of a remote store while the member computes
 
 
 def view_seed(run_seed: int, index: int, generation: int) -> np.random.SeedSequence:
@@ -60,6 +69,8 @@ class MemberView:
         self.capacity = basis.capacity
         ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(int(seed))
         self._rng = np.random.Generator(np.random.PCG64(ss))
+        # the blocks' seeds: a stream of their own (a child of the view's seed, without spawning from it)
+        self._shared = _SharedReads(self.base, np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, 0xB10C)))
         self._overlay: ReplayStore | None = None
         self._staged = StagedWrites()
 
@@ -125,7 +136,8 @@ class MemberView:
 
     def _split(self, batch_size: int) -> tuple[int, int, int, int]:
         """How many of `batch_size` draws come from the shared store and from the own shard, plus a
-        seed for each, all from the view's generator."""
+        seed for each, all from the view's generator. (The shared store's draws come from
+        `_SharedReads`' blocks now; its seed is still drawn, so the own shard's seeds stay as they were.)"""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
         size = len(self)
@@ -159,11 +171,11 @@ class MemberView:
         return scale(self.basis.min_leaf), scale(own_min)
 
     def sample(self, batch_size: int) -> SampleBatch:
-        n_base, n_own, s_base, s_own = self._split(batch_size)
+        n_base, n_own, _, s_own = self._split(batch_size)
         parts = []
         wb, wo = self._weight_scale()
         if n_base:
-            parts.append((self.base.sample(n_base, seed=s_base), wb))
+            parts.append((self._shared.take(n_base, None, batch_size), wb))
         if n_own:
             parts.append((self._overlay.sample(n_own, seed=s_own), wo))
         if len(parts) == 1 and parts[0][1] == 1.0:
@@ -174,11 +186,11 @@ class MemberView:
     def sample_sequences(self, batch_size: int, length: int) -> SequenceBatch:
         if self.basis.episode_field is None:
             raise ReplayError("sample_sequences needs the store to be built with episode_field=<int64 field>")
-        n_base, n_own, s_base, s_own = self._split(batch_size)
+        n_base, n_own, _, s_own = self._split(batch_size)
         parts = []
         wb, wo = self._weight_scale()
         if n_base:
-            parts.append((self.base.sample_sequences(n_base, length, seed=s_base), wb))
+            parts.append((self._shared.take(n_base, length, batch_size), wb))
         if n_own:
             parts.append((self._overlay.sample_sequences(n_own, length, seed=s_own), wo))
         if len(parts) == 1 and parts[0][1] == 1.0:
@@ -226,6 +238,80 @@ class MemberView:
     def staged(self) -> StagedWrites:
         """This member's writes of the generation, for `commit_views` (plain data: ships over Ray)."""
         return self._staged
+
+
+class _SharedReads:
+    """A view's draws from the frozen shared store, in blocks: each block is one seeded call for
+    `BLOCK_BATCHES` times the caller's batch size, shuffled (a prioritised draw is stratified, so its
+    rows come in the order of the priority mass), and handed out in order; a batch that needs more
+    than a block holds continues in the next. The next block is requested when one is opened: in a
+    reader thread for a store in other processes (`remote`: its round trip then overlaps the member's
+    computation), lazily for an in-process one. Its seed and size are fixed at that moment either way,
+    so the rows depend neither on timing nor on the backend. Each row is still drawn in proportion to
+    its priority, with the same importance weight; a batch's rows are a random subset of a larger
+    stratified draw. A sharded store that draws a batch from one shard (`draw = "one"`) makes a block
+    of `BLOCK_BATCHES` such draws, so a block still mixes shards."""
+
+    def __init__(self, base: Replay, seed: np.random.SeedSequence) -> None:
+        self.base = base
+        self._seeds = np.random.Generator(np.random.PCG64(seed))
+        self._prefetch = bool(getattr(base, "remote", False))
+        self._draws = BLOCK_BATCHES if getattr(base, "draw", None) == "one" and getattr(base, "n_shards", 1) > 1 else 1
+        self._length: int | None | bool = False  # the window length of the blocks in hand (None: rows; False: none yet)
+        self._block: Any = None
+        self._pos = 0
+        self._next: Callable[[], Any] | None = None
+
+    def take(self, n: int, length: int | None, batch_size: int) -> SampleBatch | SequenceBatch:
+        """`n` draws: rows (`length` None) or windows of `length` rows."""
+        if length != self._length:  # blocks of another window length are of no use: start afresh
+            self._length, self._block, self._pos, self._next = length, None, 0, None
+        parts = []
+        while n > 0:
+            if self._block is None or self._pos == len(self._block):
+                self._block = (self._next or self._request(length, batch_size))()
+                self._pos = 0
+                self._next = self._request(length, batch_size)
+            k = min(n, len(self._block) - self._pos)
+            parts.append(_rows(self._block, slice(self._pos, self._pos + k)))
+            self._pos += k
+            n -= k
+        return parts[0] if len(parts) == 1 else _join(parts)
+
+    def _request(self, length: int | None, batch_size: int) -> Callable[[], Any]:
+        """The next block: a call that returns it (at once, or once its fetch is done)."""
+        size = BLOCK_BATCHES * batch_size
+        seeds = [int(s) for s in self._seeds.integers(0, 2**63, size=self._draws + 1)]
+        base, per_draw = self.base, size // self._draws
+
+        def fetch() -> SampleBatch | SequenceBatch:
+            got = [base.sample(per_draw, seed=s) if length is None else base.sample_sequences(per_draw, length, seed=s)
+                   for s in seeds[:-1]]
+            shuffle = np.random.Generator(np.random.PCG64(seeds[-1])).permutation(size)
+            return _rows(got[0] if len(got) == 1 else _join(got), shuffle)
+
+        if not self._prefetch:
+            return fetch
+        global _reader
+        if _reader is None:
+            _reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evo-replay-read")
+        return _reader.submit(fetch).result
+
+
+def _rows(batch: SampleBatch | SequenceBatch, index: Any) -> SampleBatch | SequenceBatch:
+    data = {k: np.asarray(v)[index] for k, v in batch.data.items()}
+    keys, weights = np.asarray(batch.keys)[index], np.asarray(batch.weights)[index]
+    if isinstance(batch, SequenceBatch):
+        return SequenceBatch(data, np.asarray(batch.mask)[index], keys, weights)
+    return SampleBatch(data, keys, weights)
+
+
+def _join(parts: list[Any]) -> SampleBatch | SequenceBatch:
+    data, keys = _concat([p.data for p in parts]), np.concatenate([np.asarray(p.keys) for p in parts])
+    weights = np.concatenate([np.asarray(p.weights) for p in parts])
+    if isinstance(parts[0], SequenceBatch):
+        return SequenceBatch(data, np.concatenate([np.asarray(p.mask) for p in parts]), keys, weights)
+    return SampleBatch(data, keys, weights)
 
 
 def commit_views(base: Replay, staged: list[tuple[int, StagedWrites]]) -> None:

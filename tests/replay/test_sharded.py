@@ -17,7 +17,7 @@ import pytest
 
 from evo.replay import RateLimited, RateLimiter, ReplayError, ReplayStore
 from evo.replay.sharded import ShardedReplay, route
-from evo.replay.view import MemberView, commit_views
+from evo.replay.view import BLOCK_BATCHES, MemberView, commit_views
 from tests.replay.helpers import SCHEMA, SEQ_SCHEMA, rows, trajectory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -201,16 +201,16 @@ def test_one_shard_batches_choose_shards_by_mass_and_rows_within_them(sampler):
 
 
 def test_a_bound_view_read_is_one_call():
-    """A member view's seeded read of a sharded store: the basis carries every shard's mass, so a read
+    """A member view's seeded read of a sharded store: the basis carries every shard's mass, so a draw
     is one call to one shard (split draws without the basis: a round to ask the masses, then a call
-    to every shard — 2N)."""
+    to every shard — 2N). The view draws in blocks of BLOCK_BATCHES such draws: 10 batches open two."""
     s = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3)
     s.insert(rows(400))
     view = MemberView(s, s.view_basis(), seed=7)
     before = view.base.calls
     for _ in range(10):
         view.sample(32)
-    assert view.base.calls - before == 10
+    assert view.base.calls - before == 2 * BLOCK_BATCHES
     split = ShardedReplay.in_process(SCHEMA, 4, capacity=1000, seed=3, draw="split")
     split.insert(rows(400))
     c0 = split.calls
