@@ -196,42 +196,17 @@ def member_section(name: str, quick: bool, arms: tuple[str, ...]) -> dict[str, A
 
 
 def main_job_section(quick: bool, generations: int | None = None) -> dict[str, Any]:
-    import re
-    import subprocess
-    import sys
     import tempfile
 
-    import evo
+    from benchmarks.mainjob_ab import main_job_run
 
     work = Path(tempfile.mkdtemp(prefix="evo-mainjob-"))
     cache = work / "inductor-cache"  # empty: the first "on" run compiles cold
-    evo_bin = Path(sys.executable).parent / "evo"
     runs: list[dict[str, Any]] = []
     for i, (name, compile_mode) in enumerate((("off", "off"), ("on_cold", "on"), ("on_warm", "on"), ("off", "off"))):
-        env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
-               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-        cmd = [str(evo_bin), "run", str(ROOT / EXPERIMENTS["cartpole"]), "--quiet", "--runs-dir", str(work / "runs"),
-               "--name", f"run{i}-{name}", "--set", f'agent.task.compile="{compile_mode}"']
-        if generations or quick:
-            cmd += ["--generations", str(generations or 3)]
-        load0 = os.getloadavg()
-        w0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - w0
-        elapsed = re.findall(r"([0-9.]+) s elapsed", proc.stdout)
-        row: dict[str, Any] = {"arm": name, "compile": compile_mode, "rc": proc.returncode, "wall_s": round(wall, 1),
-                               "generations_s": float(elapsed[-1]) if elapsed else None,
-                               "load_start": [round(x, 2) for x in load0],
-                               "load_end": [round(x, 2) for x in os.getloadavg()]}
-        if proc.returncode == 0:
-            ev = evo.open_run(str(work / "runs" / f"run{i}-{name}")).evaluations()
-            arch_cols = [c for c in ev.columns if c.startswith("arch.")]
-            row["distinct_architectures"] = int(ev[arch_cols].astype(str).drop_duplicates().shape[0])
-            row["compile_seconds"] = round(float(ev.get("train.compile_seconds", ev["wall_s"] * 0).sum()), 1)
-            row["best_score"] = float(ev["score"].max())
-        else:
-            row["stderr_tail"] = proc.stderr[-2000:]
+        row = {"arm": name, "compile": compile_mode,
+               **main_job_run(ROOT, work / "runs", f"run{i}-{name}", ["--set", f'agent.task.compile="{compile_mode}"'],
+                              {"TORCHINDUCTOR_CACHE_DIR": str(cache)}, generations or (3 if quick else None))}
         print("mainjob", json.dumps(row), flush=True)
         runs.append(row)
     out: dict[str, Any] = {"runs": runs, "work_dir": str(work)}
