@@ -11,9 +11,10 @@ both); the module path `evo` resolved to is recorded per run, so a run that pick
 `--experiment FILE` (a path inside the repository, run from each tree) measures another experiment the same way.
 
 Per run: wall and generation seconds, the members' own train and evaluation seconds summed (from its
-run store), the elite's score and the load average. Summary: each side's median and the ratios
-before / after (`speedup_*`: above 1 is faster now). The runs' elites differ (float rounding, and the
-code under test may change what members sample), so read the scores as a check that both learned.
+run store; the train seconds also per generation), the elite's score and the load average. Summary:
+each side's median and the ratios before / after (`speedup_*`: above 1 is faster now). The runs' elites
+differ (float rounding, and the code under test may change what members sample), so read the scores as
+a check that both learned.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def main_job_run(tree: Path, runs_dir: Path, name: str, extra: list[str] | None 
     row["distinct_architectures"] = int(ev[arch_cols].astype(str).drop_duplicates().shape[0])
     row["compile_seconds"] = round(float(ev.get("train.compile_seconds", ev["wall_s"] * 0).sum()), 1)
     row["member_train_s"] = round(float(ev["train.train_seconds"].sum()), 1) if "train.train_seconds" in ev else None
+    if "train.train_seconds" in ev:  # per generation (every member trains the file's steps_per_generation)
+        row["member_train_s_by_generation"] = [round(float(x), 1) for x in ev.groupby("generation")["train.train_seconds"].sum()]
     row["member_eval_s"] = round(float(ev.get("metric.eval_seconds", ev["wall_s"] * 0).sum()), 1)
     row["best_score"] = float(ev["score"].max())
     return row
