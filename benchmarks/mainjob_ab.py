@@ -1,6 +1,7 @@
 """The main job end to end, this working tree against an earlier commit, runs alternated.
 
-    python -m benchmarks.mainjob_ab --against REV [--pairs 2] [--generations N] [--experiment FILE] --json OUT.json
+    python -m benchmarks.mainjob_ab --against REV [--pairs 2] [--generations N] [--experiment FILE]
+        [--after-set KEY=VALUE ...] --json OUT.json
 
 The issue's end-to-end yardstick (`./scripts/run-main.sh`: `evo run experiments/cartpole_efficientzero.toml`,
 Ray, 4 members x 6 generations x 2,000 env steps) measured on both sides in one call: REV is checked out
@@ -8,7 +9,9 @@ into a temporary git worktree, and the two trees' main jobs run one after the ot
 (before, after, after, before, ...), so a load that drifts falls on both alike. Each run uses this
 `.venv` with its own tree first on PYTHONPATH and as its working directory (every Ray worker inherits
 both); the module path `evo` resolved to is recorded per run, so a run that picked up the wrong tree shows.
-`--experiment FILE` (a path inside the repository, run from each tree) measures another experiment the same way.
+`--experiment FILE` (a path inside the repository, run from each tree) measures another experiment the same way;
+`--after-set KEY=VALUE` (repeatable) passes `--set KEY=VALUE` to this tree's runs only (an opt-in setting
+the earlier commit does not have, e.g. `agent.task.autocast="bf16"`).
 
 Per run: wall and generation seconds, the members' own train and evaluation seconds summed (from its
 run store; the train seconds also per generation), the elite's score and the load average. Summary:
@@ -89,6 +92,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="before/after pairs, alternated ABBA (default 2)")
     parser.add_argument("--generations", type=int, default=None, help="generations per run (default: the file's 6)")
     parser.add_argument("--experiment", default=EXPERIMENT, help=f"a file inside the repository (default: {EXPERIMENT})")
+    parser.add_argument("--after-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an `evo run --set` for this tree's runs only (repeatable)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.pairs < 1:
@@ -102,6 +107,7 @@ def main() -> None:
         raise SystemExit(f"--against {args.against}: git worktree add failed: {made.stderr.strip()}")
     trees = {"before": before, "after": ROOT}
     out: dict[str, Any] = {"against": args.against, "experiment": args.experiment, "generations": args.generations,
+                           "after_set": args.after_set,
                            "commits": {k: _commit(t) for k, t in trees.items()},
                            "dirty_after": bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                                               cwd=ROOT, capture_output=True, text=True).stdout.strip()),
@@ -109,7 +115,8 @@ def main() -> None:
     try:
         for pair in range(args.pairs):
             for side in (("before", "after") if pair % 2 == 0 else ("after", "before")):
-                row = {"side": side, **main_job_run(trees[side], work / "runs", f"{side}{pair}",
+                extra = [a for kv in args.after_set for a in ("--set", kv)] if side == "after" else []
+                row = {"side": side, **main_job_run(trees[side], work / "runs", f"{side}{pair}", extra,
                                                     generations=args.generations, experiment=args.experiment)}
                 print("mainjob", json.dumps(row), flush=True)
                 out["runs"].append(row)
