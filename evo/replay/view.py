@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -134,10 +135,10 @@ class MemberView:
         self._staged.ops.append(("priorities", k.copy(), p.copy()))
         return int(k.shape[0])
 
-    def _split(self, batch_size: int) -> tuple[int, int, int, int]:
-        """How many of `batch_size` draws come from the shared store and from the own shard, plus a
-        seed for each, all from the view's generator. (The shared store's draws come from
-        `_SharedReads`' blocks now; its seed is still drawn, so the own shard's seeds stay as they were.)"""
+    def _split(self, batch_size: int) -> tuple[int, int, int]:
+        """How many of `batch_size` draws come from the shared store and from the own shard, and the own
+        shard's seed, all from the view's generator. (Two seeds are drawn: the first once seeded the shared
+        store's draw, which `_SharedReads` seeds now; drawing it keeps the own shard's seeds as they were.)"""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
         size = len(self)
@@ -158,7 +159,7 @@ class MemberView:
         else:
             n_own = int(self._rng.binomial(batch_size, own_mass / (base_mass + own_mass)))
         seeds = self._rng.integers(0, 2**63, size=2)
-        return batch_size - n_own, n_own, int(seeds[0]), int(seeds[1])
+        return batch_size - n_own, n_own, int(seeds[1])
 
     def _weight_scale(self) -> tuple[float, float]:
         """Factors that renormalise each shard's importance weights by the smallest priority of both."""
@@ -171,33 +172,25 @@ class MemberView:
         return scale(self.basis.min_leaf), scale(own_min)
 
     def sample(self, batch_size: int) -> SampleBatch:
-        n_base, n_own, _, s_own = self._split(batch_size)
-        parts = []
-        wb, wo = self._weight_scale()
-        if n_base:
-            parts.append((self._shared.take(n_base, None, batch_size), wb))
-        if n_own:
-            parts.append((self._overlay.sample(n_own, seed=s_own), wo))
-        if len(parts) == 1 and parts[0][1] == 1.0:
-            return parts[0][0]
-        return SampleBatch(_concat([p.data for p, _ in parts]), np.concatenate([np.asarray(p.keys) for p, _ in parts]),
-                           np.concatenate([np.asarray(p.weights) * np.float32(w) for p, w in parts]))
+        return self._draw(batch_size, None)
 
     def sample_sequences(self, batch_size: int, length: int) -> SequenceBatch:
         if self.basis.episode_field is None:
             raise ReplayError("sample_sequences needs the store to be built with episode_field=<int64 field>")
-        n_base, n_own, _, s_own = self._split(batch_size)
+        return self._draw(batch_size, length)
+
+    def _draw(self, batch_size: int, length: int | None) -> SampleBatch | SequenceBatch:
+        """`batch_size` draws over both shards: rows (`length` None) or windows of `length` rows."""
+        n_base, n_own, s_own = self._split(batch_size)
         parts = []
         wb, wo = self._weight_scale()
         if n_base:
             parts.append((self._shared.take(n_base, length, batch_size), wb))
         if n_own:
-            parts.append((self._overlay.sample_sequences(n_own, length, seed=s_own), wo))
+            parts.append((_sample(self._overlay, n_own, length, s_own), wo))
         if len(parts) == 1 and parts[0][1] == 1.0:
             return parts[0][0]
-        return SequenceBatch(_concat([p.data for p, _ in parts]), np.concatenate([np.asarray(p.mask) for p, _ in parts]),
-                             np.concatenate([np.asarray(p.keys) for p, _ in parts]),
-                             np.concatenate([np.asarray(p.weights) * np.float32(w) for p, w in parts]))
+        return _join([replace(p, weights=np.asarray(p.weights) * np.float32(w)) for p, w in parts])
 
     def get(self, keys: Any) -> dict[str, np.ndarray]:
         k = _as_keys(keys)
@@ -285,8 +278,7 @@ class _SharedReads:
         base, per_draw = self.base, size // self._draws
 
         def fetch() -> SampleBatch | SequenceBatch:
-            got = [base.sample(per_draw, seed=s) if length is None else base.sample_sequences(per_draw, length, seed=s)
-                   for s in seeds[:-1]]
+            got = [_sample(base, per_draw, length, s) for s in seeds[:-1]]
             shuffle = np.random.Generator(np.random.PCG64(seeds[-1])).permutation(size)
             return _rows(got[0] if len(got) == 1 else _join(got), shuffle)
 
@@ -296,6 +288,11 @@ class _SharedReads:
         if _reader is None:
             _reader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evo-replay-read")
         return _reader.submit(fetch).result
+
+
+def _sample(store: Replay, n: int, length: int | None, seed: int) -> SampleBatch | SequenceBatch:
+    """`n` seeded draws from `store`: rows (`length` None) or windows of `length` rows."""
+    return store.sample(n, seed=seed) if length is None else store.sample_sequences(n, length, seed=seed)
 
 
 def _rows(batch: SampleBatch | SequenceBatch, index: Any) -> SampleBatch | SequenceBatch:
