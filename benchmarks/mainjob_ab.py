@@ -74,9 +74,11 @@ def main_job_run(tree: Path, runs_dir: Path, name: str, extra: list[str] | None 
     arch_cols = [c for c in ev.columns if c.startswith("arch.")]
     row["distinct_architectures"] = int(ev[arch_cols].astype(str).drop_duplicates().shape[0])
     row["compile_seconds"] = round(float(ev.get("train.compile_seconds", ev["wall_s"] * 0).sum()), 1)
-    row["member_train_s"] = round(float(ev["train.train_seconds"].sum()), 1) if "train.train_seconds" in ev else None
-    if "train.train_seconds" in ev:  # per generation (every member trains the file's steps_per_generation)
-        row["member_train_s_by_generation"] = [round(float(x), 1) for x in ev.groupby("generation")["train.train_seconds"].sum()]
+    row["member_train_s"] = None
+    if "train.train_seconds" in ev:  # also per generation (every member trains the file's steps_per_generation)
+        by_generation = ev.groupby("generation")["train.train_seconds"].sum()
+        row["member_train_s"] = round(float(by_generation.sum()), 1)
+        row["member_train_s_by_generation"] = [round(float(x), 1) for x in by_generation]
     row["member_eval_s"] = round(float(ev.get("metric.eval_seconds", ev["wall_s"] * 0).sum()), 1)
     row["best_score"] = float(ev["score"].max())
     return row
