@@ -196,6 +196,52 @@ def test_bootstrap_interval_resolves_a_clear_difference_and_not_noise():
     assert out["evo-random"]["final_best"]["difference"] == 300.0 and out["horizon_seconds"] == 9.0
 
 
+def test_pairing_by_seed_resolves_a_shift_that_the_seeds_spread_hides():
+    """Every strategy of a seed starts from the same founders: a shift of +20 on every seed, under a
+    spread of ±200 between seeds, is lost unpaired and resolved paired; seeds only one side ran, or
+    ran without a value, are left out."""
+    from benchmarks.hpo.stats import bootstrap_difference, compare, paired_difference
+
+    peer = {0: 100.0, 1: 300.0, 2: 500.0, 3: 200.0, 4: 400.0, 5: 150.0, 6: 450.0}
+    evo = {s: v + 20.0 for s, v in peer.items()}
+    assert not bootstrap_difference(list(evo.values()), list(peer.values()))["excludes_0"]
+    paired = paired_difference({**evo, 7: 999.0, 8: None}, {**peer, 8: 10.0, 9: 0.0})
+    assert paired["seeds"] == list(range(7)) and paired["n"] == 7
+    assert paired["mean"] == 20.0 and paired["excludes_0"] and paired["positive"] == 7 and paired["negative"] == 0
+    assert paired["wilcoxon_p"] < 0.05
+    mixed = paired_difference({0: 10.0, 1: -10.0, 2: 5.0, 3: -5.0}, {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0})
+    assert not mixed["excludes_0"] and mixed["wilcoxon_p"] > 0.5 and (mixed["positive"], mixed["negative"]) == (2, 2)
+    assert paired_difference({0: 1.0}, {1: 1.0})["n"] == 0 and paired_difference({0: 1.0}, {0: 1.0})["wilcoxon_p"] is None
+    runs = {name: [{"seed": s, "curve": [[100, 1.0, v]], "final_best": v} for s, v in values.items()]
+            for name, values in (("evo", evo), ("random", peer))}
+    out = compare(runs, budget=100)["evo-random"]
+    assert out["paired"]["final_best"]["mean"] == 20.0 and out["paired"]["final_best"]["excludes_0"]
+    assert not out["final_best"]["excludes_0"]
+
+
+def test_collect_reads_a_range_of_seeds_from_first_seed(tmp_path):
+    """`--collect --first-seed 5 --seeds 2` reports seeds 5 and 6 only (a later session's seeds, apart),
+    paired by seed; a negative first seed is refused."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, shift in (("evo", 20.0), ("random", 0.0)):
+        for seed in (4, 5, 6):
+            best = 100.0 * seed + shift
+            run = {"strategy": name, "seed": seed, "steps_to_target": None, "seconds_to_target": None, "final_best": best,
+                   "curve": [[1000, 10.0, best]]}
+            (logs / f"{name}_scratch_{seed}.json").write_text(json.dumps(run))
+    cmd = [sys.executable, "-m", "benchmarks.hpo", "--collect", "--regime", "scratch", "--strategies", "evo,random",
+           "--logs", str(logs), "--json", str(tmp_path / "out.json")]
+    done = subprocess.run([*cmd, "--first-seed", "5", "--seeds", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["seeds"] == [5, 6] and [r["seed"] for r in report["strategies"]["evo"]] == [5, 6]
+    paired = report["compare"]["evo"]["evo-random"]["paired"]["final_best"]
+    assert paired["seeds"] == [5, 6] and paired["mean"] == 20.0
+    refused = subprocess.run([*cmd, "--first-seed", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--first-seed" in refused.stderr
+
+
 def test_the_shared_window_does_not_charge_a_later_first_report():
     """Two strategies that find the same members, one reporting its first point later: the plain areas
     differ (the late one is at the floor until it reports), the shared-window areas do not."""

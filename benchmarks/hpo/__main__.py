@@ -1,7 +1,7 @@
 """The HPO benchmark: evo against random search, Ray Tune PBT / PB2 and AgileRL, side by side.
 
-    python -m benchmarks.hpo [--quick] [--seeds K] [--task cartpole|randomwalks] [--regime tuned|scratch]
-        --json OUT.json [--plot OUT.png]
+    python -m benchmarks.hpo [--quick] [--seeds K] [--first-seed F] [--task cartpole|randomwalks]
+        [--regime tuned|scratch] --json OUT.json [--plot OUT.png]
 
 Every strategy gets the same budget (`common.Task.budget`: training steps of all members together)
 and searches the same space; each (seed, strategy) runs in a process of its own, interleaved seed
@@ -14,7 +14,8 @@ Regimes: "tuned" (member 0 starts from the experiment file's tuned values, the o
 the ranges) and "scratch" (HPO from scratch: every founder drawn). Default 5 seeds. The report's
 `compare` block (benchmarks/hpo/stats.py) gives, for evo and each of its variants run against each peer, the
 difference of medians of the final best and of the areas under best-so-far vs steps and vs
-seconds, each with a bootstrap 95% interval over seeds.
+seconds, each with a bootstrap 95% interval over seeds, and the same paired by seed (`paired`: the
+mean per-seed difference, its interval and the Wilcoxon signed-rank p).
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds, reduced budgets: minutes per strategy")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..K-1 (default 5, --quick 2)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="seeds F..F+K-1 instead (e.g. --collect a later session's seeds apart, whose seconds compare)")
     parser.add_argument("--regime", default="tuned", choices=["tuned", "scratch"],
                         help="founders: member 0 from the tuned file ('tuned') or every founder drawn ('scratch')")
     parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
@@ -129,7 +132,9 @@ def main() -> None:
                         help="run nothing: write the report from the results (and partial curves) in --logs")
     args = parser.parse_args()
     t = task(args.task, args.quick)
-    seeds = list(range(args.seeds if args.seeds is not None else (2 if args.quick else 5)))
+    if args.first_seed < 0:
+        parser.error(f"--first-seed: expected 0 or more, found {args.first_seed}")
+    seeds = list(range(args.first_seed, args.first_seed + (args.seeds if args.seeds is not None else (2 if args.quick else 5))))
     names = args.strategies.split(",") if args.strategies else [s for s in STRATEGIES
                                                                   if args.task == "cartpole" or s != "agilerl"]
     unknown = [n for n in names if n not in STRATEGIES and n not in ABLATIONS]
