@@ -73,8 +73,33 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.selection.keep_unbeaten and not exp.selection.keep_unbeaten
     assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
-    for name, changes in VARIANTS.items():
-        assert changes["selection.keep_unbeaten"] is (name == "evo-unbeaten"), name
+    for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
+        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect")), name
+
+
+def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():
+    """evo-noselect: a generation's end replaces and mutates nobody, even a member 500 points behind,
+    so the founders train side by side and share only the store; everything else is evo's."""
+    from benchmarks.hpo.evo_strategy import VARIANTS
+    from evo.agent import AgentContext
+    from evo.population import initial_population, next_generation
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo-noselect"])
+    plain, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo"])
+    assert exp.hparam_space == plain.hparam_space and exp.population == plain.population
+    members = initial_population(exp, AgentContext(task=exp.task, seed=0))
+    lines = {m.index: [] for m in members}
+    after = next_generation(members, [500.0, 9.0, 480.0, 0.0], 1, exp, lines=lines,
+                            founders={m.index: m.index for m in members})
+    assert sorted(m.index for m in after) == sorted(m.index for m in members)  # nobody replaced
+    assert all(m.record.born == 0 for m in after)
+    before = {m.index: m.agent.hparams for m in members}
+    assert all(m.agent.hparams == before[m.index] for m in after)  # nobody mutated
+    # the plain tournament, given the same scores, replaces the member 500 points behind
+    replaced = next_generation(initial_population(plain, AgentContext(task=plain.task, seed=0)),
+                               [500.0, 9.0, 480.0, 0.0], 1, plain)
+    assert any(m.record.born == 1 for m in replaced)
 
 
 def test_the_fallback_strategy_sets_a_champion_margin_of_a_fifth_of_each_tasks_target():

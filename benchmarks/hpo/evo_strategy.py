@@ -139,6 +139,12 @@ CHAMPION = {**RUNGS, "selection.champion": True}
 # A value that is a function of the task is resolved by `settings`.
 FALLBACK = {**CHAMPION, "selection.champion_margin": lambda t: 0.2 * t.target}
 
+# `evo-noselect`: evo (sync) with selection and mutation switched off: every member keeps its slot,
+# unmutated (keep_unbeaten with a tie tolerance no score difference reaches), so the four founders train
+# side by side for the whole budget and their only link is the run's shared replay store. Random search
+# trains the same founders with a store each: the two differ in the sharing of data (and their schedulers)
+NO_SELECTION = {**NO_MUTATION, "selection.keep_unbeaten": True, "selection.tie_tolerance": 1e12}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -150,7 +156,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
-                          "evo-champion": CHAMPION, "evo-fallback": FALLBACK}.items()}
+                          "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@
         [--quick] --out R.json
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
-evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
+evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect; `ABLATIONS` says what
+each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-champion": "evo-rungs with the run's best state kept out of training and drawn into "
                              "tournaments (selection.champion): a population that collapses trains on from its peak",
              "evo-fallback": "evo-champion with the champion drawn only after a fall: while every member's latest "
-                             "score is more than a fifth of the task's target below it (selection.champion_margin)"}
+                             "score is more than a fifth of the task's target below it (selection.champion_margin)",
+             "evo-noselect": "evo with selection and mutation off: every member keeps its slot unmutated, so the "
+                             "founders train side by side and share only the replay store (random search: a store each)"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
