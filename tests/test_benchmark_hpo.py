@@ -74,7 +74,25 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
     for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
-        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect")), name
+        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin")), name
+
+
+def test_the_margin_ablation_replaces_a_member_only_from_a_tenth_of_the_target_behind():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+    from evo.agent import AgentContext
+    from evo.population import initial_population, next_generation
+
+    t = task("cartpole", quick=True)
+    exp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-margin"]))
+    assert exp.selection.keep_unbeaten and exp.selection.tie_tolerance == pytest.approx(0.1 * t.target)
+    members = initial_population(exp, AgentContext(task=exp.task, seed=0))
+    founders = {m.index: m.index for m in members}
+    close = next_generation(members, [100.0, 60.0, 90.0, 80.0], 1, exp, lines={m.index: [] for m in members},
+                            founders=founders)
+    assert all(m.record.born == 0 for m in close)  # 40 behind the best: within the margin, nobody replaced
+    far = next_generation(members, [500.0, 9.0, 480.0, 0.0], 1, exp, lines={m.index: [] for m in members},
+                          founders=founders)
+    assert any(m.record.born == 1 for m in far)
 
 
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():

@@ -145,6 +145,11 @@ FALLBACK = {**CHAMPION, "selection.champion_margin": lambda t: 0.2 * t.target}
 # trains the same founders with a store each: the two differ in the sharing of data (and their schedulers)
 NO_SELECTION = {**NO_MUTATION, "selection.keep_unbeaten": True, "selection.tie_tolerance": 1e12}
 
+# `evo-margin`: evo (sync) where a member is replaced only by a tournament winner more than a tenth of
+# the task's target above it (keep_unbeaten with that tie tolerance: ~the standard error of CartPole's
+# 10-episode mean), so selection waits until scores separate from the evaluation's noise
+MARGIN = {"selection.keep_unbeaten": True, "selection.tie_tolerance": lambda t: 0.1 * t.target}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -156,7 +161,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
-                          "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION}.items()}
+                          "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
+                          "evo-margin": MARGIN}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@
         [--quick] --out R.json
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
-evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect; `ABLATIONS` says what
-each changes, `evo_strategy.VARIANTS` how).
+evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin; `ABLATIONS` says
+what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-fallback": "evo-champion with the champion drawn only after a fall: while every member's latest "
                              "score is more than a fifth of the task's target below it (selection.champion_margin)",
              "evo-noselect": "evo with selection and mutation off: every member keeps its slot unmutated, so the "
-                             "founders train side by side and share only the replay store (random search: a store each)"}
+                             "founders train side by side and share only the replay store (random search: a store each)",
+             "evo-margin": "evo where a member is replaced only by a tournament winner more than a tenth of the "
+                           "task's target above it (selection.keep_unbeaten, tie_tolerance): selection waits "
+                           "until scores separate from the evaluation's noise"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
