@@ -77,21 +77,26 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
         assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin")), name
 
 
-def test_the_margin_ablation_replaces_a_member_only_from_a_tenth_of_the_target_behind():
-    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+def _one_generation(exp, scores: list[float], members: list | None = None) -> tuple[list, list]:
+    """A population of `exp`'s founders (or `members`) and the next generation after `scores`."""
     from evo.agent import AgentContext
     from evo.population import initial_population, next_generation
+
+    members = members or initial_population(exp, AgentContext(task=exp.task, seed=0))
+    after = next_generation(members, scores, 1, exp, lines={m.index: [] for m in members},
+                            founders={m.index: m.index for m in members})
+    return members, after
+
+
+def test_the_margin_ablation_replaces_a_member_only_from_a_tenth_of_the_target_behind():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
 
     t = task("cartpole", quick=True)
     exp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-margin"]))
     assert exp.selection.keep_unbeaten and exp.selection.tie_tolerance == pytest.approx(0.1 * t.target)
-    members = initial_population(exp, AgentContext(task=exp.task, seed=0))
-    founders = {m.index: m.index for m in members}
-    close = next_generation(members, [100.0, 60.0, 90.0, 80.0], 1, exp, lines={m.index: [] for m in members},
-                            founders=founders)
+    members, close = _one_generation(exp, [100.0, 60.0, 90.0, 80.0])
     assert all(m.record.born == 0 for m in close)  # 40 behind the best: within the margin, nobody replaced
-    far = next_generation(members, [500.0, 9.0, 480.0, 0.0], 1, exp, lines={m.index: [] for m in members},
-                          founders=founders)
+    _, far = _one_generation(exp, [500.0, 9.0, 480.0, 0.0], members)
     assert any(m.record.born == 1 for m in far)
 
 
@@ -99,24 +104,18 @@ def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_sc
     """evo-noselect: a generation's end replaces and mutates nobody, even a member 500 points behind,
     so the founders train side by side and share only the store; everything else is evo's."""
     from benchmarks.hpo.evo_strategy import VARIANTS
-    from evo.agent import AgentContext
-    from evo.population import initial_population, next_generation
 
     t = task("cartpole", quick=True)
     exp, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo-noselect"])
     plain, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo"])
     assert exp.hparam_space == plain.hparam_space and exp.population == plain.population
-    members = initial_population(exp, AgentContext(task=exp.task, seed=0))
-    lines = {m.index: [] for m in members}
-    after = next_generation(members, [500.0, 9.0, 480.0, 0.0], 1, exp, lines=lines,
-                            founders={m.index: m.index for m in members})
+    members, after = _one_generation(exp, [500.0, 9.0, 480.0, 0.0])
     assert sorted(m.index for m in after) == sorted(m.index for m in members)  # nobody replaced
     assert all(m.record.born == 0 for m in after)
     before = {m.index: m.agent.hparams for m in members}
     assert all(m.agent.hparams == before[m.index] for m in after)  # nobody mutated
     # the plain tournament, given the same scores, replaces the member 500 points behind
-    replaced = next_generation(initial_population(plain, AgentContext(task=plain.task, seed=0)),
-                               [500.0, 9.0, 480.0, 0.0], 1, plain)
+    _, replaced = _one_generation(plain, [500.0, 9.0, 480.0, 0.0])
     assert any(m.record.born == 1 for m in replaced)
 
 

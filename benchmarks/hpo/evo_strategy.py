@@ -143,12 +143,12 @@ FALLBACK = {**CHAMPION, "selection.champion_margin": lambda t: 0.2 * t.target}
 # unmutated (keep_unbeaten with a tie tolerance no score difference reaches), so the four founders train
 # side by side for the whole budget and their only link is the run's shared replay store. Random search
 # trains the same founders with a store each: the two differ in the sharing of data (and their schedulers)
-NO_SELECTION = {**NO_MUTATION, "selection.keep_unbeaten": True, "selection.tie_tolerance": 1e12}
+NO_SELECTION = {**NO_MUTATION, **KEEP_UNBEATEN, "selection.tie_tolerance": 1e12}
 
 # `evo-margin`: evo (sync) where a member is replaced only by a tournament winner more than a tenth of
 # the task's target above it (keep_unbeaten with that tie tolerance: ~the standard error of CartPole's
 # 10-episode mean), so selection waits until scores separate from the evaluation's noise
-MARGIN = {"selection.keep_unbeaten": True, "selection.tie_tolerance": lambda t: 0.1 * t.target}
+MARGIN = {**KEEP_UNBEATEN, "selection.tie_tolerance": lambda t: 0.1 * t.target}
 
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy

@@ -61,10 +61,15 @@ def bootstrap_difference(a: Sequence[float], b: Sequence[float], stat: Callable[
     rng = np.random.default_rng(seed)
     ra = a[rng.integers(a.size, size=(n, a.size))]
     rb = b[rng.integers(b.size, size=(n, b.size))]
-    diffs = np.apply_along_axis(stat, 1, ra) - np.apply_along_axis(stat, 1, rb)
-    low, high = (float(x) for x in np.percentile(diffs, [2.5, 97.5]))
-    return {"difference": float(stat(a) - stat(b)), "ci95": [low, high], "excludes_0": bool(low > 0 or high < 0),
+    ci95, excludes_0 = _interval(np.apply_along_axis(stat, 1, ra) - np.apply_along_axis(stat, 1, rb))
+    return {"difference": float(stat(a) - stat(b)), "ci95": ci95, "excludes_0": excludes_0,
             "n": [int(a.size), int(b.size)]}
+
+
+def _interval(resampled: np.ndarray) -> tuple[list[float], bool]:
+    """The percentile-bootstrap 95% interval of a statistic's resampled values, and whether it excludes 0."""
+    low, high = (float(x) for x in np.percentile(resampled, [2.5, 97.5]))
+    return [low, high], bool(low > 0 or high < 0)
 
 
 def paired_difference(a: dict[int, float | None], b: dict[int, float | None], n: int = 10000,
@@ -81,10 +86,8 @@ def paired_difference(a: dict[int, float | None], b: dict[int, float | None], n:
     if d.size == 0:
         return out
     rng = np.random.default_rng(seed)
-    means = d[rng.integers(d.size, size=(n, d.size))].mean(axis=1)
-    low, high = (float(x) for x in np.percentile(means, [2.5, 97.5]))
-    out.update(mean=float(d.mean()), median=float(np.median(d)), ci95_mean=[low, high],
-               excludes_0=bool(low > 0 or high < 0))
+    ci95, excludes_0 = _interval(d[rng.integers(d.size, size=(n, d.size))].mean(axis=1))
+    out.update(mean=float(d.mean()), median=float(np.median(d)), ci95_mean=ci95, excludes_0=excludes_0)
     if d.size >= 2 and np.any(d != 0):
         from scipy.stats import wilcoxon  # scipy comes with scikit-learn (the bench and search extras)
 
