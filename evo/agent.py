@@ -51,13 +51,15 @@ class AgentContext:
 
     `replay` is the store the run built from the agent class's `replay_spec` (in this process or
     a Ray actor; members cannot tell), or None for agents that need none and for exported agents
-    loaded outside a run.
+    loaded outside a run. `own_share` is the experiment's `replay.own_share`: the least share of a
+    member's batches drawn from its own rows of the generation (its view's, evo.replay.view).
     """
 
     task: dict[str, Any] = field(default_factory=dict)
     replay: Replay | None = None
     device: str = "cpu"
     seed: int = 0
+    own_share: float = 0.0
 
 
 class Agent(ABC):

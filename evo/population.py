@@ -161,7 +161,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         device = inline_device(exp.resources.gpus_per_member)  # refuses a GPU request without CUDA
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
-        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device)
+        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device, own_share=exp.replay.own_share)
         return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
                                fused=_fused_trainer(exp)), context
     from evo.scheduler.ray import RayScheduler, init_ray
@@ -175,7 +175,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     init_ray(address)
     workers = check_cluster(res, exp.population.size)  # an impossible request fails now, not after timeout_s
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
-    context = AgentContext(task=exp.task, replay=replay, seed=exp.seed)
+    context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, own_share=exp.replay.own_share)
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
                         res.timeout_s, res.max_failures, res.custom_resources, res.placement,
                         fused=_fused_trainer(exp)), context

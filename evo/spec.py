@@ -223,6 +223,9 @@ class ReplayTable(_Strict):
                                                      "rows routed by content key (docs/replay.md, Shards)")
     spread: bool = Field(default=False, description="place the replay actors with Ray's SPREAD strategy "
                                                     "(over the cluster's nodes)")
+    own_share: float = Field(default=0.0, ge=0, le=1,
+                             description="the least share of every batch a member draws from its own rows of the "
+                                         "generation (0: rows in proportion to their sampling mass, as one store)")
 
 
 class LoggingSpec(_Strict):

@@ -210,7 +210,8 @@ class _Writer:
         self.context.replay.insert(rows(10_000 + self.index, steps))
         if self.raise_after_insert:
             raise RuntimeError("died after inserting")
-        return {"rows_seen": float(len(self.context.replay))}
+        drawn = np.asarray(self.context.replay.sample(16).data["episode"])
+        return {"rows_seen": float(len(self.context.replay)), "own_drawn": float(np.mean(drawn == 10_000 + self.index))}
 
     def evaluate(self) -> Evaluation:
         return Evaluation(float(self.index))
@@ -235,3 +236,39 @@ def test_a_failed_members_inserts_never_reach_the_shared_store() -> None:
     eps = set(np.asarray(base.get(base.sample(4096, seed=0).keys)["episode"]).tolist())
     assert {10_000, 10_002} <= eps and 10_001 not in eps
     assert len(base) == 260 and base.stats()["rows_inserted"] == 260
+
+
+def test_own_share_raises_the_share_of_own_rows_once_they_fill_a_batch() -> None:
+    base = shared("uniform")
+    basis = base.view_basis()
+    plain, default = MemberView(base, basis, 7, own_share=0.0), MemberView(base, basis, 7)
+    biased = MemberView(base, basis, 7, own_share=0.5)
+    for view in (plain, default, biased):
+        view.insert(rows(800, 20))
+
+    def own_drawn(view: MemberView) -> float:
+        picked = np.concatenate([np.asarray(view.sample(64).data["episode"]) for _ in range(200)])
+        return float(np.mean(np.isin(picked, (800, 801))))
+
+    # 20 own rows, fewer than a batch of 64: still drawn in proportion to their rows (20 of 220)
+    assert abs(own_drawn(biased) - 20 / 220) < 0.02
+    for view in (plain, default, biased):
+        view.insert(rows(801, 100))
+    # 0 is the default, which draws exactly as before
+    a, b = plain.sample(256), default.sample(256)
+    assert np.array_equal(np.asarray(a.keys), np.asarray(b.keys))
+    # 120 own rows: at least half of every draw; their mass alone gives 120 / 320
+    assert abs(own_drawn(biased) - 0.5) < 0.03
+    assert abs(own_drawn(plain) - 120 / 320) < 0.03
+    with pytest.raises(ReplayError, match="own_share"):
+        MemberView(base, basis, 7, own_share=1.5)
+
+
+def test_the_experiments_own_share_reaches_every_members_view() -> None:
+    """replay.own_share = 1: once a member holds a batch's worth of its own rows, it draws nothing else."""
+    base = shared("uniform")
+    for share, expected in ((1.0, lambda m: m == 1.0), (0.0, lambda m: m < 0.6)):
+        context = AgentContext(replay=base, seed=0, own_share=share)
+        agents = [_Writer(0, context), _Writer(1, context)]
+        results = InlineScheduler(threads=None, context=context).run_generation(agents, 30, generation=0)
+        assert all(expected(r.train_metrics["own_drawn"]) for r in results), share

@@ -38,6 +38,8 @@ BAD_FILES = {
     "tournament_too_big": (_variant("tournament_size = 2", "tournament_size = 9"),
                            "selection.tournament_size: expected at most population.size (4), found 9"),
     "missing_kind": (GOOD.replace("[agent]\nkind", "[agent]\nkinds", 1), "agent.kind: required field is missing"),
+    "own_share_above_one": (GOOD + "\n[replay]\nown_share = 1.5\n",
+                            "replay.own_share: expected less than or equal to 1, found 1.5"),
     "bad_backend": (_variant('backend = "inline"', 'backend = "slurm"'), "backend: expected 'ray' or 'inline', found 'slurm'"),
 }
 

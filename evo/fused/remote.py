@@ -69,7 +69,7 @@ def train_members(agent_class: type[Agent], context: AgentContext, trainer: Fuse
     from evo.scheduler.base import attempt_member, member_context
 
     start = time.perf_counter()
-    views = [MemberView(context.replay, basis, seed) if basis is not None else None for seed in seeds]
+    views = [MemberView(context.replay, basis, seed, context.own_share) if basis is not None else None for seed in seeds]
     agents = [agent_class.from_state(state, member_context(context, view) if view is not None else context)
               for state, view in zip(states, views)]
     load_s = (time.perf_counter() - start) / max(1, len(agents))

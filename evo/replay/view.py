@@ -10,6 +10,9 @@ independent of scheduling (docs/replay.md, "Member views"):
   shard: a uniform draw picks a shard in proportion to its rows, a prioritised draw in proportion
   to its priority mass, and a sequence comes from whichever shard holds its start row. Importance
   weights are normalised by the smallest priority over both shards, as one store would.
+  `own_share` (the experiment's `replay.own_share`) raises the own shard's share of every draw to
+  at least that much once it holds a batch's worth of rows: a deliberate bias toward the member's
+  own, most recent data.
 * **randomness** comes from the view's own generator, seeded by (run seed, member index,
   generation), never from the shared store's stream.
 * **draws from the shared store come in blocks** (`_SharedReads`): `BLOCK_BATCHES` batches' worth
@@ -62,7 +65,10 @@ class MemberView:
     """The `Replay` a member uses during one generation: the shared store frozen at the
     generation's start plus the member's own staged writes. See the module docstring."""
 
-    def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int) -> None:
+    def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int, own_share: float = 0.0) -> None:
+        if not 0.0 <= float(own_share) <= 1.0:
+            raise ReplayError(f"own_share must be in [0, 1], found {own_share}")
+        self.own_share = float(own_share)
         bind = getattr(base, "bound_to", None)  # a sharded store: reads take the shards' masses from the basis
         self.base = bind(basis) if bind is not None else base
         self.basis = basis
@@ -138,7 +144,11 @@ class MemberView:
     def _split(self, batch_size: int) -> tuple[int, int, int]:
         """How many of `batch_size` draws come from the shared store and from the own shard, and the own
         shard's seed, all from the view's generator. (Two seeds are drawn: the first once seeded the shared
-        store's draw, which `_SharedReads` seeds now; drawing it keeps the own shard's seeds as they were.)"""
+        store's draw, which `_SharedReads` seeds now; drawing it keeps the own shard's seeds as they were.)
+        A row is drawn in proportion to its sampling mass, as from one store, unless `own_share` asks for
+        more own rows: once the own shard holds a batch's worth, each draw is an own row with at least
+        that probability (a bias toward the member's own, most recent data; each part keeps its
+        importance weights)."""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, found {batch_size}")
         size = len(self)
@@ -157,7 +167,10 @@ class MemberView:
         elif base_mass <= 0:
             n_own = batch_size
         else:
-            n_own = int(self._rng.binomial(batch_size, own_mass / (base_mass + own_mass)))
+            share = own_mass / (base_mass + own_mass)
+            if self._own() >= batch_size:  # not before: a few fresh rows would fill half of every batch
+                share = max(share, self.own_share)
+            n_own = int(self._rng.binomial(batch_size, share))
         seeds = self._rng.integers(0, 2**63, size=2)
         return batch_size - n_own, n_own, int(seeds[1])
 

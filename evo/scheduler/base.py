@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from evo.agent import Agent, AgentContext, Evaluation
@@ -130,7 +130,7 @@ def done_event(evaluation: Evaluation | None, wall_s: float, steps: int) -> dict
 
 def member_context(context: AgentContext, replay: Replay | None) -> AgentContext:
     """The run's context with a member's own view of the shared replay store."""
-    return AgentContext(task=context.task, replay=replay, device=context.device, seed=context.seed)
+    return replace(context, replay=replay)
 
 
 def failed_result(agent: Agent, failure: Failure, wall_s: float = 0.0,

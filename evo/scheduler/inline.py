@@ -104,7 +104,7 @@ class InlineScheduler:
         """(context, the member to train, its start state if trained in place, its replay view)."""
         context = self.context or getattr(agent, "context", AgentContext())
         if basis is not None:
-            view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation))
+            view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation), context.own_share)
             return context, type(agent).from_state(agent.get_state(), member_context(context, view)), None, view
         # trained in place; its start state kept in case it fails
         return context, agent, clone_tree(agent.get_state()), None

@@ -37,6 +37,7 @@ import math
 import time
 import warnings
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -110,7 +111,7 @@ class _MemberWorker:
         self.cls = agent_class
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
         device = member_device(gpu_ids, torch.cuda.is_available(), context.device)
-        self.context = AgentContext(task=context.task, replay=context.replay, device=device, seed=context.seed)
+        self.context = replace(context, device=device)
         if warm:
             warm_up(device)
         self.info = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "gpu_ids": gpu_ids,
@@ -131,7 +132,7 @@ class _MemberWorker:
     def run(self, state: dict[str, Any], steps: int, basis: ViewBasis | None,
             seed: np.random.SeedSequence, evaluate: bool = True) -> dict[str, Any]:
         start = time.perf_counter()
-        view = MemberView(self.context.replay, basis, seed) if basis is not None else None
+        view = MemberView(self.context.replay, basis, seed, self.context.own_share) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
         load_s = time.perf_counter() - start
         began_at = time.time()
@@ -186,8 +187,7 @@ class RayScheduler:
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
                                  resources=dict(custom_resources or {}) or None,
                                  scheduling_strategy=PLACEMENTS[placement])(_MemberWorker)
-        self._worker_args = (agent_class, AgentContext(task=context.task, replay=context.replay, device=context.device,
-                                                       seed=context.seed), int(max(1, cpus_per_member)), warm)
+        self._worker_args = (agent_class, replace(context), int(max(1, cpus_per_member)), warm)
         self._ready: dict[Any, Any] = {}  # actor -> its ready() reference, until it has answered
         self.placements: dict[Any, dict[str, Any]] = {}  # actor -> its ready() answer
         self.last_timing: dict[str, Any] = {}  # the last generation's driver-side and worker-side seconds
