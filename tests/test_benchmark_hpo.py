@@ -74,7 +74,7 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
     for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
-        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin")), name
+        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin", "evo-own")), name
 
 
 def _one_generation(exp, scores: list[float], members: list | None = None) -> tuple[list, list]:
@@ -98,6 +98,16 @@ def test_the_margin_ablation_replaces_a_member_only_from_a_tenth_of_the_target_b
     assert all(m.record.born == 0 for m in close)  # 40 behind the best: within the margin, nobody replaced
     _, far = _one_generation(exp, [500.0, 9.0, 480.0, 0.0], members)
     assert any(m.record.born == 1 for m in far)
+
+
+def test_the_own_data_ablation_is_the_margin_rule_with_half_of_each_batch_from_own_rows():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("cartpole", quick=True)
+    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-own"]))
+    margin, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-margin"]))
+    assert own.replay.own_share == 0.5 and margin.replay.own_share == 0.0
+    assert own.selection == margin.selection and own.mutation == margin.mutation
 
 
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():

@@ -150,6 +150,11 @@ NO_SELECTION = {**NO_MUTATION, **KEEP_UNBEATEN, "selection.tie_tolerance": 1e12}
 # 10-episode mean), so selection waits until scores separate from the evaluation's noise
 MARGIN = {**KEEP_UNBEATEN, "selection.tie_tolerance": lambda t: 0.1 * t.target}
 
+# `evo-own`: evo-margin with half of every batch a member draws taken from its own rows of the
+# generation (replay.own_share), once it holds a batch's worth: each member still reads the others'
+# data, but no longer three parts in four of it (with 4 members, in proportion to the rows)
+OWN_DATA = {**MARGIN, "replay.own_share": 0.5}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -162,7 +167,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
-                          "evo-margin": MARGIN}.items()}
+                          "evo-margin": MARGIN, "evo-own": OWN_DATA}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
