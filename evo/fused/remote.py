@@ -22,7 +22,6 @@ from typing import Any
 
 from evo.agent import Agent, AgentContext
 from evo.fused.run import FusedTrainer, attempt_fused
-from evo.replay.view import MemberView
 
 __all__ = ["FusedJobs", "train_members"]
 
@@ -66,10 +65,10 @@ def train_members(agent_class: type[Agent], context: AgentContext, trainer: Fuse
     of the shared replay store (`basis` and its seed from `seeds`; basis None: no shared store).
     Per member, in order, the dict `_MemberWorker.run` returns for one member: {failure, wall_s},
     or {failure: None, state (through `to_cpu`), metrics, evaluation, wall_s, staged, load_s, save_s}."""
-    from evo.scheduler.base import attempt_member, member_context
+    from evo.scheduler.base import attempt_member, member_context, member_view
 
     start = time.perf_counter()
-    views = [MemberView(context.replay, basis, seed, context.own_share) if basis is not None else None for seed in seeds]
+    views = [member_view(context, basis, seed) if basis is not None else None for seed in seeds]
     agents = [agent_class.from_state(state, member_context(context, view) if view is not None else context)
               for state, view in zip(states, views)]
     load_s = (time.perf_counter() - start) / max(1, len(agents))

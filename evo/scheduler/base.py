@@ -24,6 +24,8 @@ from evo.agent import Agent, AgentContext, Evaluation
 from evo.faults import Diverged, Failure, describe_exception
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
+from evo.replay.staging import ViewBasis
+from evo.replay.view import MemberView
 
 __all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event",
            "member_context", "failed_result"]
@@ -131,6 +133,11 @@ def done_event(evaluation: Evaluation | None, wall_s: float, steps: int) -> dict
 def member_context(context: AgentContext, replay: Replay | None) -> AgentContext:
     """The run's context with a member's own view of the shared replay store."""
     return replace(context, replay=replay)
+
+
+def member_view(context: AgentContext, basis: ViewBasis, seed: Any) -> MemberView:
+    """A member's view of the run's shared store for one generation, drawn as the run asks (`own_share`)."""
+    return MemberView(context.replay, basis, seed, context.own_share)
 
 
 def failed_result(agent: Agent, failure: Failure, wall_s: float = 0.0,

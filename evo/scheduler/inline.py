@@ -18,8 +18,8 @@ from evo.faults import Failure, ResourceRequestError
 from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
-from evo.replay.view import MemberView, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context
+from evo.replay.view import commit_views, view_seed
+from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
 
 __all__ = ["InlineScheduler", "inline_device"]
 
@@ -68,7 +68,7 @@ class InlineScheduler:
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None
         results, staged = [], []
-        prepared = [self._prepare(agent, shared, basis, generation) for agent in agents] if self.fused else []
+        prepared = [self._prepare(agent, basis, generation) for agent in agents] if self.fused else []
         if self.fused:
             for agent in agents:
                 observer.member_event(agent.index, "training", {})
@@ -79,7 +79,7 @@ class InlineScheduler:
                 metrics, evaluation, wall, failure = outcomes[pos]
             else:
                 observer.member_event(agent.index, "training", {})
-                context, member, start, view = self._prepare(agent, shared, basis, generation)
+                context, member, start, view = self._prepare(agent, basis, generation)
                 metrics, evaluation, wall, failure = attempt_member(
                     member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),
                     evaluate=evaluate)
@@ -100,11 +100,11 @@ class InlineScheduler:
             commit_views(shared, staged)
         return results
 
-    def _prepare(self, agent: Agent, shared: Any, basis: Any, generation: int) -> tuple[AgentContext, Agent, Any, Any]:
+    def _prepare(self, agent: Agent, basis: Any, generation: int) -> tuple[AgentContext, Agent, Any, Any]:
         """(context, the member to train, its start state if trained in place, its replay view)."""
         context = self.context or getattr(agent, "context", AgentContext())
         if basis is not None:
-            view = MemberView(shared, basis, view_seed(context.seed, agent.index, generation), context.own_share)
+            view = member_view(context, basis, view_seed(context.seed, agent.index, generation))
             return context, type(agent).from_state(agent.get_state(), member_context(context, view)), None, view
         # trained in place; its start state kept in case it fails
         return context, agent, clone_tree(agent.get_state()), None

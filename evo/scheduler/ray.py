@@ -50,8 +50,8 @@ from evo.fused.remote import FusedJobs
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.staging import ViewBasis
-from evo.replay.view import MemberView, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context
+from evo.replay.view import commit_views, view_seed
+from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
 from evo.scheduler.cluster import init_ray
 
 __all__ = ["RayScheduler", "init_ray", "PLACEMENTS", "to_cpu"]
@@ -132,7 +132,7 @@ class _MemberWorker:
     def run(self, state: dict[str, Any], steps: int, basis: ViewBasis | None,
             seed: np.random.SeedSequence, evaluate: bool = True) -> dict[str, Any]:
         start = time.perf_counter()
-        view = MemberView(self.context.replay, basis, seed, self.context.own_share) if basis is not None else None
+        view = member_view(self.context, basis, seed) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
         load_s = time.perf_counter() - start
         began_at = time.time()
@@ -187,7 +187,7 @@ class RayScheduler:
         self._actor = ray.remote(num_cpus=cpus_per_member, num_gpus=gpus_per_member, max_restarts=0,
                                  resources=dict(custom_resources or {}) or None,
                                  scheduling_strategy=PLACEMENTS[placement])(_MemberWorker)
-        self._worker_args = (agent_class, replace(context), int(max(1, cpus_per_member)), warm)
+        self._worker_args = (agent_class, context, int(max(1, cpus_per_member)), warm)
         self._ready: dict[Any, Any] = {}  # actor -> its ready() reference, until it has answered
         self.placements: dict[Any, dict[str, Any]] = {}  # actor -> its ready() answer
         self.last_timing: dict[str, Any] = {}  # the last generation's driver-side and worker-side seconds
