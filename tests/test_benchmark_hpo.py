@@ -74,16 +74,17 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.selection.model_copy(update={"keep_unbeaten": False}) == exp.selection
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
     for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
-        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin", "evo-own")), name
+        assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin", "evo-own",
+                                                                  "evo-lines")), name
 
 
-def _one_generation(exp, scores: list[float], members: list | None = None) -> tuple[list, list]:
-    """A population of `exp`'s founders (or `members`) and the next generation after `scores`."""
+def _one_generation(exp, scores: list[float], members: list | None = None, generation: int = 1) -> tuple[list, list]:
+    """A population of `exp`'s founders (or `members`) and generation `generation` after `scores`."""
     from evo.agent import AgentContext
     from evo.population import initial_population, next_generation
 
     members = members or initial_population(exp, AgentContext(task=exp.task, seed=0))
-    after = next_generation(members, scores, 1, exp, lines={m.index: [] for m in members},
+    after = next_generation(members, scores, generation, exp, lines={m.index: [] for m in members},
                             founders={m.index: m.index for m in members})
     return members, after
 
@@ -108,6 +109,30 @@ def test_the_own_data_ablation_is_the_margin_rule_with_half_of_each_batch_from_o
     margin, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-margin"]))
     assert own.replay.own_share == 0.5 and margin.replay.own_share == 0.0
     assert own.selection == margin.selection and own.mutation == margin.mutation
+
+
+def test_the_two_lines_ablation_keeps_a_second_founder_line_when_one_leads_by_far():
+    """evo-lines: one founder far ahead of three at the floor takes slots, but another founder's line
+    stays; evo-own, the same rule without it, lets the leader take all in some generations."""
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("cartpole", quick=True)
+    lines, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-lines"]))
+    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-own"]))
+    assert lines.selection.founder_lines == 2 and own.selection.founder_lines == 0
+    assert lines.replay == own.replay and lines.mutation == own.mutation
+    scores = [300.0, 9.0, 12.0, 10.0]
+    founders_left = {"evo-lines": set(), "evo-own": set()}
+    for generation in range(1, 9):  # tournaments are drawn: in some generations the leader takes all without the rule
+        for name, exp in (("evo-lines", lines), ("evo-own", own)):
+            members, after = _one_generation(exp, scores, generation=generation)
+            founder = {m.record.index: m.record.index for m in members}
+            kept = {founder.get(m.record.index, founder.get(m.record.parent)) for m in after}
+            founders_left[name].add(len(kept))
+            if name == "evo-lines":  # the leader's line and one of the floor's (they tie within the margin)
+                assert 0 in kept and len(kept) >= 2, (generation, kept)
+    assert min(founders_left["evo-lines"]) >= 2
+    assert 1 in founders_left["evo-own"]
 
 
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():

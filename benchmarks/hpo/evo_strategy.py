@@ -155,6 +155,11 @@ MARGIN = {**KEEP_UNBEATEN, "selection.tie_tolerance": lambda t: 0.1 * t.target}
 # data, but no longer three parts in four of it (with 4 members, in proportion to the rows)
 OWN_DATA = {**MARGIN, "replay.own_share": 0.5}
 
+# `evo-lines`: evo-own with two founders' lines kept to the end (selection.founder_lines): the first
+# generations' scores (9 against 200) say little about which founder ends best, so the best line
+# takes slots but never all four, and the runner-up line trains on as random search's lines do
+TWO_LINES = {**OWN_DATA, "selection.founder_lines": 2}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -167,7 +172,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
-                          "evo-margin": MARGIN, "evo-own": OWN_DATA}.items()}
+                          "evo-margin": MARGIN, "evo-own": OWN_DATA,
+                          "evo-lines": TWO_LINES}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
