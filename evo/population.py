@@ -102,7 +102,12 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
     else:
         elite, parents = tournament_select(scores, len(members), exp.selection.tournament_size,
                                            exp.selection.elitism, rng, eligible=eligible)
-    kept = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible) if sel.keep_unbeaten else {}
+    kept: dict[int, int] = {}
+    if sel.keep_unbeaten:
+        kept = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible, sel.replace_worst)
+        if decided and sel.replace_worst:  # say which children exist only because of the quota
+            for slot in unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible).keys() - kept:
+                decided[slot] = "worst replaced"
     next_index = max(m.index for m in members) + 1
     out: list[Member] = []
     if elite is not None:  # the elite survives unmutated
@@ -129,18 +134,26 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
 
 
 def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: Sequence[int],
-                   tolerance: float, eligible: Sequence[bool] | None = None) -> dict[int, int]:
+                   tolerance: float, eligible: Sequence[bool] | None = None, replace_worst: int = 0) -> dict[int, int]:
     """`selection.keep_unbeaten`: the parent slots whose own member survives, of `n` members. Slot k
     belongs to the k-th member other than the elite; it is kept when that member trained (is `eligible`) and its
     tournament's winner does not score more than `tolerance` above it. Returns {slot: position}.
 
     Without it every non-elite slot is overwritten by a clone, so while all members tie (at a
     floor score) a coin toss decides whose weights survive, and progress the evaluation cannot yet
-    see is lost; with it a member is replaced only by one that beats it (PBT's exploit rule)."""
+    see is lost; with it a member is replaced only by one that beats it (PBT's exploit rule).
+
+    `replace_worst` (selection.replace_worst): at least this many slots are not kept, the lowest-scoring
+    kept members giving theirs up first, so a population whose scores all sit within `tolerance` still
+    tries new children each generation (PBT replaces its bottom quantile whatever the gap)."""
     owners = [p for p in range(n) if p != elite]
     ok = [True] * n if eligible is None else list(eligible)
-    return {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
+    kept = {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
             if ok[own] and not scores[winner] > scores[own] + tolerance}
+    release = replace_worst - (len(owners) - len(kept))
+    for slot in sorted(kept, key=lambda s: (scores[kept[s]], s))[:max(release, 0)]:
+        del kept[slot]
+    return kept
 
 
 def _survivor(member: Member) -> Member:

@@ -128,6 +128,10 @@ class SelectionSpec(_Strict):
     keep_unbeaten: bool = Field(default=False, description="a member keeps its slot (continues unmutated) unless "
                                                            "its tournament's winner scores more than tie_tolerance "
                                                            "above it: no coin-toss overwrites while scores tie")
+    replace_worst: int = Field(default=0, ge=0, description="sync, with keep_unbeaten: at least this many members "
+                                                            "are replaced each generation (the lowest-scoring kept "
+                                                            "ones first), so scores within tie_tolerance of each other "
+                                                            "do not freeze the population")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
     champion: bool = Field(default=False, description="async: the best state evaluated so far (by score) is kept out "
@@ -265,6 +269,10 @@ class ExperimentSpec(_Strict):
         if self.selection.champion_margin is not None and not self.selection.champion:
             raise ValueError(f"selection.champion_margin: expected selection.champion = true (the margin gates the "
                              f"champion), found champion = false (champion_margin = {self.selection.champion_margin})")
+        if self.selection.replace_worst and (self.population.mode != "sync" or not self.selection.keep_unbeaten):
+            raise ValueError(f"selection.replace_worst: expected population.mode = 'sync' and selection.keep_unbeaten = "
+                             f"true (without it every member but the elite is replaced already), found mode "
+                             f"{self.population.mode!r}, keep_unbeaten {self.selection.keep_unbeaten}")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")
@@ -277,6 +285,9 @@ class ExperimentSpec(_Strict):
                 f"selection.tournament_size: expected at most population.size ({self.population.size}), "
                 f"found {self.selection.tournament_size}"
             )
+        if self.selection.replace_worst >= self.population.size:
+            raise ValueError(f"selection.replace_worst: expected fewer than population.size ({self.population.size}), "
+                             f"found {self.selection.replace_worst}")
         return self
 
 

@@ -96,6 +96,17 @@ def test_a_member_is_replaced_only_by_a_winner_that_beats_it() -> None:
     assert unbeaten_slots(3, [1.0, 2.0, 3.0], None, [2, 2, 2], 0.0) == {2: 2}  # no elitism: a slot per member
 
 
+def test_replace_worst_frees_the_lowest_kept_slots_and_no_more() -> None:
+    # the elite at position 1; slots 0, 1, 2 belong to positions 0, 2, 3; every score within the margin
+    close = [300.0, 320.0, 290.0, 310.0]
+    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0) == {0: 0, 1: 2, 2: 3}  # frozen: nobody replaced
+    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=1) == {0: 0, 2: 3}  # 290 goes
+    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=2) == {2: 3}  # then 300
+    scores = [100.0, 320.0, 290.0, 310.0]  # position 0 is beaten anyway: one slot already replaced
+    assert unbeaten_slots(4, scores, 1, [1, 1, 3], 50.0, replace_worst=1) == {1: 2, 2: 3}
+    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=3) == {}
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_keep_unbeaten_overwrites_nobody_while_every_score_ties(tmp_path, mode: str) -> None:
     # a tolerance wider than any score gap: every member ties, so no member is ever replaced
@@ -107,6 +118,24 @@ def test_keep_unbeaten_overwrites_nobody_while_every_score_ties(tmp_path, mode: 
     # without it, the same run overwrites members by coin toss
     store = evolve_toy(tmp_path, {"population.mode": mode, "selection.tie_tolerance": 1e9}, name="blind")
     assert {m["index"] for m in store.all_members()} > {0, 1, 2, 3}
+
+
+def test_replace_worst_replaces_the_lowest_member_each_generation_of_a_frozen_population(tmp_path) -> None:
+    # every member ties within the tolerance, so keep_unbeaten alone replaces nobody (test above);
+    # replace_worst = 1 gives exactly the lowest scorer's slot to a new child each generation
+    store = evolve_toy(tmp_path, {"selection.keep_unbeaten": True, "selection.tie_tolerance": 1e9,
+                                  "selection.replace_worst": 1, "population.generations": 4})
+    last = store.last_completed_generation()
+    assert last >= 2
+    for g in range(last):
+        now = store.evaluations(g)
+        after = {e["index"] for e in store.evaluations(g + 1)}
+        gone = [e for e in now if e["index"] not in after]
+        assert len(gone) == 1, f"generation {g}: {len(gone)} replaced"
+        assert gone[0]["score"] == min(e["score"] for e in now)
+        assert len(after - {e["index"] for e in now}) == 1  # one child took the slot
+    children = [m for m in store.all_members() if m["mutation"]]
+    assert children and all(m["mutation"]["details"]["selected_by"] == "worst replaced" for m in children)
 
 
 def test_keep_unbeaten_keeps_every_member_that_shares_the_best_score(tmp_path) -> None:

@@ -40,6 +40,12 @@ BAD_FILES = {
     "missing_kind": (GOOD.replace("[agent]\nkind", "[agent]\nkinds", 1), "agent.kind: required field is missing"),
     "own_share_above_one": (GOOD + "\n[replay]\nown_share = 1.5\n",
                             "replay.own_share: expected less than or equal to 1, found 1.5"),
+    "replace_worst_without_keep_unbeaten": (_variant("tournament_size = 2", "tournament_size = 2\nreplace_worst = 1"),
+                                            "selection.replace_worst: expected population.mode = 'sync' and "
+                                            "selection.keep_unbeaten = true"),
+    "replace_worst_whole_population": (_variant("tournament_size = 2", "tournament_size = 2\nkeep_unbeaten = true\n"
+                                                "replace_worst = 4"),
+                                       "selection.replace_worst: expected fewer than population.size (4), found 4"),
     "bad_backend": (_variant('backend = "inline"', 'backend = "slurm"'), "backend: expected 'ray' or 'inline', found 'slurm'"),
 }
 
