@@ -75,7 +75,7 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
     for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
         assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin", "evo-own",
-                                                                  "evo-lines")), name
+                                                                  "evo-lines", "evo-explore")), name
 
 
 def _one_generation(exp, scores: list[float], members: list | None = None, generation: int = 1) -> tuple[list, list]:
@@ -133,6 +133,20 @@ def test_the_two_lines_ablation_keeps_a_second_founder_line_when_one_leads_by_fa
                 assert 0 in kept and len(kept) >= 2, (generation, kept)
     assert min(founders_left["evo-lines"]) >= 2
     assert 1 in founders_left["evo-own"]
+
+
+def test_the_explore_ablation_replaces_the_lowest_member_even_within_the_margin():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("cartpole", quick=True)
+    explore, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-explore"]))
+    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-own"]))
+    assert explore.selection.model_copy(update={"replace_worst": 0}) == own.selection and explore.replay == own.replay
+    close = [380.0, 350.0, 360.0, 370.0]  # within a tenth of the target of each other
+    members, frozen = _one_generation(own, close)
+    assert all(m.record.born == 0 for m in frozen)
+    _, moved = _one_generation(explore, close, members)
+    assert [m.record.index for m in moved if m.record.born == 1] and 1 not in {m.record.index for m in moved}
 
 
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():

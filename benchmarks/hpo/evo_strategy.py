@@ -160,6 +160,11 @@ OWN_DATA = {**MARGIN, "replay.own_share": 0.5}
 # takes slots but never all four, and the runner-up line trains on as random search's lines do
 TWO_LINES = {**OWN_DATA, "selection.founder_lines": 2}
 
+# `evo-explore`: evo-own where the lowest-scoring member's slot takes a new child every generation
+# (selection.replace_worst), margin or not: once evo-own's four members sit within the margin of each
+# other nobody is replaced and nothing is mutated again, so a stalled line stays stalled
+EXPLORE = {**OWN_DATA, "selection.replace_worst": 1}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -173,7 +178,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
-                          "evo-lines": TWO_LINES}.items()}
+                          "evo-lines": TWO_LINES, "evo-explore": EXPLORE}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

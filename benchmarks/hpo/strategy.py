@@ -4,8 +4,8 @@
         [--quick] --out R.json
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
-evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own, evo-lines; `ABLATIONS` says
-what each changes, `evo_strategy.VARIANTS` how).
+evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
+evo-lines, evo-explore; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-own": "evo-margin with at least half of each batch drawn from the member's own rows of the "
                         "generation (replay.own_share = 0.5): less of the others' data in every update",
              "evo-lines": "evo-own with two founders' lines kept to the end (selection.founder_lines = 2): the best "
-                          "line takes slots but never all, so one early leader cannot end the search"}
+                          "line takes slots but never all, so one early leader cannot end the search",
+             "evo-explore": "evo-own with the lowest-scoring member replaced by a new child every generation "
+                            "(selection.replace_worst = 1), so members within the margin of each other still explore"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
