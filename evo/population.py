@@ -105,9 +105,17 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
     kept: dict[int, int] = {}
     if sel.keep_unbeaten:
         kept = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible, sel.replace_worst)
-        if decided and sel.replace_worst:  # say which children exist only because of the quota
-            for slot in unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible).keys() - kept:
-                decided[slot] = "worst replaced"
+        released = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible).keys() - kept
+        for slot in released if decided else ():  # say which children exist only because of the quota
+            decided[slot] = "worst replaced"
+        if sel.founder_lines and founders is not None:
+            # a kept member survives in its own slot whatever its parent says, so the lines are counted again
+            # on what survives; without this the quota above could be undone (a slot handed to a missing
+            # line kept its owner from another line, while the line's own member lost its slot)
+            for slot in lines_surviving_unbeaten([founders.get(m.index, m.index) for m in members], scores, elite,
+                                                 parents, kept, released, sel.founder_lines, eligible):
+                if decided:
+                    decided[slot] = "founder line kept"
     next_index = max(m.index for m in members) + 1
     out: list[Member] = []
     if elite is not None:  # the elite survives unmutated
@@ -154,6 +162,52 @@ def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: 
     for slot in sorted(kept, key=lambda s: (scores[kept[s]], s))[:max(release, 0)]:
         del kept[slot]
     return kept
+
+
+def lines_surviving_unbeaten(founders: Sequence[int], scores: Sequence[float], elite: int | None, parents: list[int],
+                             kept: dict[int, int], released: set[int], lines: int,
+                             eligible: Sequence[bool] | None = None) -> list[int]:
+    """`selection.founder_lines` under `keep_unbeaten`: make at least `lines` founders' lines survive,
+    counting each slot's line as what it holds next generation (its owner if kept, else its parent's
+    clone). Each missing line, best first, takes back its best member's own slot (kept there; a clone of
+    it if `replace_worst` released the slot) when the line that slot holds has another; else the last
+    slot of the most crowded line takes a clone of that member. Changes `parents` and `kept` in place;
+    returns the slots changed."""
+    n = len(founders)
+    owners = [p for p in range(n) if p != elite]
+    ok = [True] * n if eligible is None else list(eligible)
+
+    def source(slot: int) -> int:
+        return kept[slot] if slot in kept else parents[slot]
+
+    best_of: dict[int, int] = {}
+    for pos, founder in enumerate(founders):
+        if ok[pos] and (founder not in best_of or scores[pos] > scores[best_of[founder]]):
+            best_of[founder] = pos
+    changed = []
+    for founder in sorted(best_of, key=lambda f: -scores[best_of[f]]):
+        held = [founders[source(s)] for s in range(len(parents))] + ([founders[elite]] if elite is not None else [])
+        if len(set(held)) >= lines:
+            break
+        if founder in held:
+            continue
+        counts = {f: held.count(f) for f in set(held)}
+        best = best_of[founder]
+        own = owners.index(best) if best in owners else None
+        if own is not None and own < len(parents) and counts[founders[source(own)]] >= 2:
+            slot = own
+        else:
+            crowded = max(counts, key=lambda f: (counts[f], -f))
+            if counts[crowded] < 2:
+                break
+            slot = max(s for s in range(len(parents)) if founders[source(s)] == crowded)
+        parents[slot] = best
+        if slot == own and slot not in released:
+            kept[slot] = best
+        else:
+            kept.pop(slot, None)
+        changed.append(slot)
+    return changed
 
 
 def _survivor(member: Member) -> Member:

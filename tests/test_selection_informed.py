@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
-from evo.population import unbeaten_slots
+from evo.population import lines_surviving_unbeaten, unbeaten_slots
 from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
 from evo.spec import SpecError, load_experiment
 from tests.conftest import TOY_EXPERIMENT, evolve_toy
@@ -105,6 +105,40 @@ def test_replace_worst_frees_the_lowest_kept_slots_and_no_more() -> None:
     scores = [100.0, 320.0, 290.0, 310.0]  # position 0 is beaten anyway: one slot already replaced
     assert unbeaten_slots(4, scores, 1, [1, 1, 3], 50.0, replace_worst=1) == {1: 2, 2: 3}
     assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=3) == {}
+
+
+def test_a_kept_member_cannot_undo_the_founder_line_quota() -> None:
+    # founders 0, 1, 0, 0: line 1 is member 1 alone, far behind; the elite is member 0 (slots 0-2 belong
+    # to members 1-3). keep_founder_lines gave slot 2 a parent from line 1, but slot 2's owner (295, line 0)
+    # is not beaten by it, so it is kept there, and member 1 loses slot 0 to the elite: no line 1 left
+    founders, scores = [0, 1, 0, 0], [300.0, 10.0, 290.0, 295.0]
+    parents = [0, 0, 1]
+    kept = unbeaten_slots(4, scores, 0, parents, 47.5)
+    assert kept == {1: 2, 2: 3}  # what survives holds line 0 only
+    changed = lines_surviving_unbeaten(founders, scores, 0, parents, kept, set(), 2)
+    assert changed == [0] and kept == {0: 1, 1: 2, 2: 3}  # member 1 keeps its own slot, unmutated
+    # released by replace_worst, the slot takes a clone of the line's member instead (the quota holds too)
+    parents, kept = [0, 0, 1], {1: 2, 2: 3}
+    assert lines_surviving_unbeaten(founders, scores, 0, parents, kept, {0}, 2) == [0]
+    assert parents[0] == 1 and 0 not in kept
+    # a line already held (or the quota met) changes nothing
+    parents, kept = [0, 1, 0], {2: 3}
+    assert lines_surviving_unbeaten(founders, scores, 0, parents, kept, set(), 2) == [] and parents == [0, 1, 0]
+
+
+def test_founder_lines_survive_keep_unbeaten_through_next_generation() -> None:
+    from evo.agent import AgentContext
+    from evo.population import initial_population, next_generation
+
+    exp, _ = load_experiment(TOY_EXPERIMENT, {"selection.keep_unbeaten": True, "selection.tie_tolerance": 47.5,
+                                              "selection.founder_lines": 2})
+    members = initial_population(exp, AgentContext(task=exp.task, seed=0))
+    founders_of = {0: 0, 1: 1, 2: 0, 3: 0}
+    for generation in range(1, 13):  # over many draws of the tournaments
+        founders = dict(founders_of)
+        after = next_generation(members, [300.0, 10.0, 290.0, 295.0], generation, exp,
+                                lines={m.index: [] for m in members}, founders=founders)
+        assert {founders[m.record.index] for m in after} == {0, 1}, generation
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
