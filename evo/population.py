@@ -32,7 +32,14 @@ from evo.observer import RunObserver
 from evo.rng import child_seed, generation_rng, member_seed
 from evo.runstore import EvaluatedMember, MemberRecord, RunStore
 from evo.scheduler.base import MemberResult, Scheduler
-from evo.selection import fitness_score, judged_tournament_select, keep_founder_lines, tournament_select
+from evo.selection import (
+    best_of_lines,
+    fitness_score,
+    judged_tournament_select,
+    keep_founder_lines,
+    most_crowded_line,
+    tournament_select,
+)
 from evo.spec import Experiment
 
 if TYPE_CHECKING:
@@ -104,8 +111,9 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
                                            exp.selection.elitism, rng, eligible=eligible)
     kept: dict[int, int] = {}
     if sel.keep_unbeaten:
-        kept = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible, sel.replace_worst)
-        released = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible).keys() - kept
+        unbeaten = unbeaten_slots(len(members), scores, elite, parents, sel.tie_tolerance, eligible)
+        kept = release_worst(unbeaten, scores, len(parents), sel.replace_worst)
+        released = unbeaten.keys() - kept
         for slot in released if decided else ():  # say which children exist only because of the quota
             decided[slot] = "worst replaced"
         if sel.founder_lines and founders is not None:
@@ -158,10 +166,15 @@ def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: 
     ok = [True] * n if eligible is None else list(eligible)
     kept = {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
             if ok[own] and not scores[winner] > scores[own] + tolerance}
-    release = replace_worst - (len(owners) - len(kept))
-    for slot in sorted(kept, key=lambda s: (scores[kept[s]], s))[:max(release, 0)]:
-        del kept[slot]
-    return kept
+    return release_worst(kept, scores, len(owners), replace_worst)
+
+
+def release_worst(kept: dict[int, int], scores: Sequence[float], slots: int, replace_worst: int) -> dict[int, int]:
+    """`kept` ({slot: position} of `slots` parent slots) less its lowest-scoring members, until at least
+    `replace_worst` slots are not kept (`selection.replace_worst`)."""
+    release = replace_worst - (slots - len(kept))
+    dropped = set(sorted(kept, key=lambda s: (scores[kept[s]], s))[:max(release, 0)])
+    return {slot: own for slot, own in kept.items() if slot not in dropped}
 
 
 def lines_surviving_unbeaten(founders: Sequence[int], scores: Sequence[float], elite: int | None, parents: list[int],
@@ -173,17 +186,12 @@ def lines_surviving_unbeaten(founders: Sequence[int], scores: Sequence[float], e
     it if `replace_worst` released the slot) when the line that slot holds has another; else the last
     slot of the most crowded line takes a clone of that member. Changes `parents` and `kept` in place;
     returns the slots changed."""
-    n = len(founders)
-    owners = [p for p in range(n) if p != elite]
-    ok = [True] * n if eligible is None else list(eligible)
+    owners = [p for p in range(len(founders)) if p != elite]
 
     def source(slot: int) -> int:
         return kept[slot] if slot in kept else parents[slot]
 
-    best_of: dict[int, int] = {}
-    for pos, founder in enumerate(founders):
-        if ok[pos] and (founder not in best_of or scores[pos] > scores[best_of[founder]]):
-            best_of[founder] = pos
+    best_of = best_of_lines(founders, scores, eligible)
     changed = []
     for founder in sorted(best_of, key=lambda f: -scores[best_of[f]]):
         held = [founders[source(s)] for s in range(len(parents))] + ([founders[elite]] if elite is not None else [])
@@ -191,14 +199,13 @@ def lines_surviving_unbeaten(founders: Sequence[int], scores: Sequence[float], e
             break
         if founder in held:
             continue
-        counts = {f: held.count(f) for f in set(held)}
         best = best_of[founder]
         own = owners.index(best) if best in owners else None
-        if own is not None and own < len(parents) and counts[founders[source(own)]] >= 2:
+        if own is not None and own < len(parents) and held.count(founders[source(own)]) >= 2:
             slot = own
         else:
-            crowded = max(counts, key=lambda f: (counts[f], -f))
-            if counts[crowded] < 2:
+            crowded, count = most_crowded_line(held)
+            if count < 2:
                 break
             slot = max(s for s in range(len(parents)) if founders[source(s)] == crowded)
         parents[slot] = best

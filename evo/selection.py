@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 __all__ = ["fitness_score", "argmax_tiebreak", "tournament_select", "pick_best", "judged_tournament_select",
-           "keep_founder_lines"]
+           "keep_founder_lines", "best_of_lines", "most_crowded_line"]
 
 
 def fitness_score(history: Sequence[float], window: int) -> float:
@@ -111,16 +111,30 @@ def judged_tournament_select(n: int, n_children: int, tournament_size: int, elit
     return elite, parents, decided
 
 
-def keep_founder_lines(parents: list[int], founders: Sequence[int], values: Sequence[float], lines: int,
-                       eligible: Sequence[bool] | None = None, elite: int | None = None) -> tuple[list[int], list[int]]:
-    """Make at least `lines` founders' lines parents of the next population (fewer if fewer are
-    alive): each missing line, best first by its best member's value, takes the slot of a parent
-    whose line holds the most slots. Returns (parents, the slots changed)."""
+def best_of_lines(founders: Sequence[int], values: Sequence[float],
+                  eligible: Sequence[bool] | None = None) -> dict[int, int]:
+    """Each founder's line -> the position of its best `eligible` member by `values` (the first on ties)."""
     ok = [True] * len(founders) if eligible is None else list(eligible)
     best_of: dict[int, int] = {}
     for pos, founder in enumerate(founders):
         if ok[pos] and (founder not in best_of or values[pos] > values[best_of[founder]]):
             best_of[founder] = pos
+    return best_of
+
+
+def most_crowded_line(held: Sequence[int]) -> tuple[int, int]:
+    """(the line holding the most of `held`'s slots, lowest founder on ties; how many it holds)."""
+    counts = {f: list(held).count(f) for f in set(held)}
+    crowded = max(counts, key=lambda f: (counts[f], -f))
+    return crowded, counts[crowded]
+
+
+def keep_founder_lines(parents: list[int], founders: Sequence[int], values: Sequence[float], lines: int,
+                       eligible: Sequence[bool] | None = None, elite: int | None = None) -> tuple[list[int], list[int]]:
+    """Make at least `lines` founders' lines parents of the next population (fewer if fewer are
+    alive): each missing line, best first by its best member's value, takes the slot of a parent
+    whose line holds the most slots. Returns (parents, the slots changed)."""
+    best_of = best_of_lines(founders, values, eligible)
     parents = list(parents)
     present = [founders[p] for p in parents] + ([founders[elite]] if elite is not None else [])
     missing = sorted((f for f in best_of if f not in present), key=lambda f: -values[best_of[f]])
@@ -128,9 +142,8 @@ def keep_founder_lines(parents: list[int], founders: Sequence[int], values: Sequ
     for founder in missing:
         if len(set(present)) >= lines:
             break
-        counts = {f: present.count(f) for f in set(present)}
-        crowded = max(counts, key=lambda f: (counts[f], -f))
-        if counts[crowded] < 2:
+        crowded, count = most_crowded_line(present)
+        if count < 2:
             break
         # the crowded line's last parent slot goes to the missing line's best member
         slot = max(i for i, p in enumerate(parents) if founders[p] == crowded)
