@@ -75,7 +75,7 @@ def test_the_keep_unbeaten_ablation_changes_only_that_selection_switch():
     assert ablated.mutation == exp.mutation and ablated.hparam_space == exp.hparam_space
     for name, changes in VARIANTS.items():  # evo-noselect keeps every member by it (next test)
         assert changes["selection.keep_unbeaten"] is (name in ("evo-unbeaten", "evo-noselect", "evo-margin", "evo-own",
-                                                                  "evo-lines", "evo-explore")), name
+                                                                  "evo-lines", "evo-explore", "evo-lines-explore")), name
 
 
 def _one_generation(exp, scores: list[float], members: list | None = None, generation: int = 1) -> tuple[list, list]:
@@ -147,6 +147,25 @@ def test_the_explore_ablation_replaces_the_lowest_member_even_within_the_margin(
     assert all(m.record.born == 0 for m in frozen)
     _, moved = _one_generation(explore, close, members)
     assert [m.record.index for m in moved if m.record.born == 1] and 1 not in {m.record.index for m in moved}
+
+
+def test_the_lines_explore_ablation_is_evo_lines_with_the_worst_member_replaced():
+    """evo-lines-explore: evo-lines' selection plus replace_worst 1; within the margin it still makes a
+    child, and with one founder far ahead a second founder's line survives the quota."""
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("cartpole", quick=True)
+    both, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-lines-explore"]))
+    lines, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-lines"]))
+    assert both.selection.model_copy(update={"replace_worst": 0}) == lines.selection and both.replay == lines.replay
+    assert both.selection.replace_worst == 1 and both.mutation == lines.mutation
+    members, moved = _one_generation(both, [380.0, 350.0, 360.0, 370.0])
+    assert [m for m in moved if m.record.born == 1] and 1 not in {m.record.index for m in moved}
+    for generation in range(1, 9):
+        members, after = _one_generation(both, [300.0, 9.0, 12.0, 10.0], generation=generation)
+        founder = {m.record.index: m.record.index for m in members}
+        kept = {founder.get(m.record.index, founder.get(m.record.parent)) for m in after}
+        assert 0 in kept and len(kept) >= 2, (generation, kept)
 
 
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():

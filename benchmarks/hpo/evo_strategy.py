@@ -165,6 +165,11 @@ TWO_LINES = {**OWN_DATA, "selection.founder_lines": 2}
 # other nobody is replaced and nothing is mutated again, so a stalled line stays stalled
 EXPLORE = {**OWN_DATA, "selection.replace_worst": 1}
 
+# `evo-lines-explore`: both of the above: two founders' lines kept to the end, and the lowest-scoring
+# member's slot given a new child every generation, so neither the leader's early lead nor a population
+# sitting within the margin stops the search
+LINES_EXPLORE = {**TWO_LINES, "selection.replace_worst": 1}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -178,7 +183,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
-                          "evo-lines": TWO_LINES, "evo-explore": EXPLORE}.items()}
+                          "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
+                          "evo-lines-explore": LINES_EXPLORE}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
-evo-lines, evo-explore; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
+evo-lines, evo-explore, evo-lines-explore; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-lines": "evo-own with two founders' lines kept to the end (selection.founder_lines = 2): the best "
                           "line takes slots but never all, so one early leader cannot end the search",
              "evo-explore": "evo-own with the lowest-scoring member replaced by a new child every generation "
-                            "(selection.replace_worst = 1), so members within the margin of each other still explore"}
+                            "(selection.replace_worst = 1), so members within the margin of each other still explore",
+             "evo-lines-explore": "evo-own with both: two founders' lines kept to the end and the lowest-scoring "
+                                  "member replaced by a new child every generation"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
