@@ -234,6 +234,23 @@ def test_unknown_task_is_refused_with_the_choices():
         task("pong", quick=True)
 
 
+def test_the_sparse_randomwalks_task_is_the_file_on_a_larger_graph_whose_data_rarely_reach_the_goal():
+    """randomwalks-sparse: the randomwalks file, budget and search space with the graph changed (41
+    nodes, edge p 0.06, walks up to 15 nodes); its data score far below the 21-node graph's."""
+    from agents.ilql.tasks import make_task
+
+    sparse, plain = task("randomwalks-sparse", quick=False), task("randomwalks", quick=False)
+    assert sparse.budget == plain.budget and sparse.experiment == plain.experiment and sparse.target == 0.5
+    exp, _ = load(sparse, seed=0, regime="scratch")
+    base, _ = load(plain, seed=0, regime="scratch")
+    assert (exp.task["n_nodes"], exp.task["p_edge"], exp.task["max_length"]) == (41, 0.06, 15)
+    assert exp.hparam_space == base.hparam_space and founders(exp) == founders(base)
+    assert sparse.to_json()["settings"] == {"agent.task.n_nodes": 41, "agent.task.p_edge": 0.06,
+                                            "agent.task.max_length": 15}
+    graph = make_task(exp.task)
+    assert len(graph.start_nodes()) == 40 and graph.data_optimality() < 0.1 < make_task(base.task).data_optimality()
+
+
 def check_report_schema(report: dict, budget_steps: bool = True) -> None:
     """The JSON `python -m benchmarks.hpo` writes: fields, one result per seed and strategy, curves
     [steps, seconds, best] ending at the same budget for everyone. Not the outcome."""

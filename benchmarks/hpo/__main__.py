@@ -1,6 +1,6 @@
 """The HPO benchmark: evo against random search, Ray Tune PBT / PB2 and AgileRL, side by side.
 
-    python -m benchmarks.hpo [--quick] [--seeds K] [--first-seed F] [--task cartpole|randomwalks]
+    python -m benchmarks.hpo [--quick] [--seeds K] [--first-seed F] [--task cartpole|randomwalks|randomwalks-sparse]
         [--regime tuned|scratch] --json OUT.json [--plot OUT.png]
 
 Every strategy gets the same budget (`common.Task.budget`: training steps of all members together)
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hpo.common import ROOT, machine, task
+from benchmarks.hpo.common import ROOT, TASKS, machine, task
 from benchmarks.hpo.evo_strategy import VARIANTS
 from benchmarks.hpo.stats import compare
 from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
@@ -118,7 +118,7 @@ def main() -> None:
                         help="seeds F..F+K-1 instead (e.g. --collect a later session's seeds apart, whose seconds compare)")
     parser.add_argument("--regime", default="tuned", choices=["tuned", "scratch"],
                         help="founders: member 0 from the tuned file ('tuned') or every founder drawn ('scratch')")
-    parser.add_argument("--task", default="cartpole", choices=["cartpole", "randomwalks"])
+    parser.add_argument("--task", default="cartpole", choices=list(TASKS))
     parser.add_argument("--strategies", default=None,
                         help=f"comma-separated subset of {','.join(STRATEGIES)}, run in this order within a seed "
                              "(default all that apply to the task); ablations, run only when named: "
@@ -145,7 +145,7 @@ def main() -> None:
         "machine": machine(),
         "budget_counts": f"{t.unit} of every member's training (train() steps), summed over the population; "
                          "fitness evaluations are not counted (their time is in the wall clock)",
-        "skipped": {} if args.task == "cartpole" else {"agilerl": "AgileRL's DQN is online; randomwalks is offline"},
+        "skipped": {} if args.task == "cartpole" else {"agilerl": f"AgileRL's DQN is online; {args.task} is offline"},
         "strategies": {n: [] for n in names},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

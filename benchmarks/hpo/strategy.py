@@ -16,7 +16,7 @@ import os
 import time
 
 from benchmarks.hpo import evo_strategy
-from benchmarks.hpo.common import summarise, task
+from benchmarks.hpo.common import TASKS, summarise, task
 
 # the run order within a seed: PB2, the extra, last; evo-async is evo's asynchronous mode (evo_strategy.ASYNC)
 STRATEGIES = ("evo", "evo-async", "random", "pbt", "agilerl", "pb2")
@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", required=True, choices=STRATEGIES + tuple(ABLATIONS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--task", default="cartpole")
+    parser.add_argument("--task", default="cartpole", choices=list(TASKS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--regime", default="tuned", choices=["tuned", "scratch"])
     parser.add_argument("--out", required=True)
