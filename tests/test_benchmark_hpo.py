@@ -168,6 +168,17 @@ def test_the_lines_explore_ablation_is_evo_lines_with_the_worst_member_replaced(
         assert 0 in kept and len(kept) >= 2, (generation, kept)
 
 
+def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():
+    """Plain `evo` records no `selected_by` (its mutations' JSON has no "details"): counted as "?", not a crash."""
+    from types import SimpleNamespace
+
+    from benchmarks.hpo.evo_strategy import selection_counts
+
+    members = [{"mutation": None}, {"mutation": {"kind": "rl_hp"}},
+               {"mutation": {"kind": "none", "details": {"selected_by": "score"}}}]
+    assert selection_counts(SimpleNamespace(all_members=lambda: members)) == {"?": 1, "score": 1}
+
+
 def test_the_no_selection_ablation_keeps_every_founder_unmutated_whatever_the_scores():
     """evo-noselect: a generation's end replaces and mutates nobody, even a member 500 points behind,
     so the founders train side by side and share only the store; everything else is evo's."""

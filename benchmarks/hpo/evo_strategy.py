@@ -195,7 +195,8 @@ def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
 def selection_counts(store: Any) -> dict[str, int]:
     """How many children each selection reason made in a run (`selected_by` of every member's mutation:
     "score", "champion", "founder line kept"...): the run store is temporary, so the counts go in the JSON."""
-    counts = Counter(m["mutation"]["details"].get("selected_by", "?") for m in store.all_members() if m["mutation"])
+    # a plain tournament records no reason (a mutation's JSON has "details" only when it has some)
+    counts = Counter(m["mutation"].get("details", {}).get("selected_by", "?") for m in store.all_members() if m["mutation"])
     return dict(sorted(counts.items()))
 
 
