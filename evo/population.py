@@ -150,28 +150,25 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
 
 
 def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: Sequence[int],
-                   tolerance: float, eligible: Sequence[bool] | None = None, replace_worst: int = 0) -> dict[int, int]:
+                   tolerance: float, eligible: Sequence[bool] | None = None) -> dict[int, int]:
     """`selection.keep_unbeaten`: the parent slots whose own member survives, of `n` members. Slot k
     belongs to the k-th member other than the elite; it is kept when that member trained (is `eligible`) and its
     tournament's winner does not score more than `tolerance` above it. Returns {slot: position}.
 
     Without it every non-elite slot is overwritten by a clone, so while all members tie (at a
     floor score) a coin toss decides whose weights survive, and progress the evaluation cannot yet
-    see is lost; with it a member is replaced only by one that beats it (PBT's exploit rule).
-
-    `replace_worst` (selection.replace_worst): at least this many slots are not kept, the lowest-scoring
-    kept members giving theirs up first, so a population whose scores all sit within `tolerance` still
-    tries new children each generation (PBT replaces its bottom quantile whatever the gap)."""
+    see is lost; with it a member is replaced only by one that beats it (PBT's exploit rule)."""
     owners = [p for p in range(n) if p != elite]
     ok = [True] * n if eligible is None else list(eligible)
-    kept = {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
+    return {slot: own for slot, (own, winner) in enumerate(zip(owners, parents))
             if ok[own] and not scores[winner] > scores[own] + tolerance}
-    return release_worst(kept, scores, len(owners), replace_worst)
 
 
 def release_worst(kept: dict[int, int], scores: Sequence[float], slots: int, replace_worst: int) -> dict[int, int]:
     """`kept` ({slot: position} of `slots` parent slots) less its lowest-scoring members, until at least
-    `replace_worst` slots are not kept (`selection.replace_worst`)."""
+    `replace_worst` slots are not kept (`selection.replace_worst`): a population whose scores all sit
+    within the tie tolerance still tries new children each generation (PBT replaces its bottom quantile
+    whatever the gap)."""
     release = replace_worst - (slots - len(kept))
     dropped = set(sorted(kept, key=lambda s: (scores[kept[s]], s))[:max(release, 0)])
     return {slot: own for slot, own in kept.items() if slot not in dropped}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
-from evo.population import lines_surviving_unbeaten, unbeaten_slots
+from evo.population import lines_surviving_unbeaten, release_worst, unbeaten_slots
 from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
 from evo.spec import SpecError, load_experiment
 from tests.conftest import TOY_EXPERIMENT, evolve_toy
@@ -100,11 +100,11 @@ def test_replace_worst_frees_the_lowest_kept_slots_and_no_more() -> None:
     # the elite at position 1; slots 0, 1, 2 belong to positions 0, 2, 3; every score within the margin
     close = [300.0, 320.0, 290.0, 310.0]
     assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0) == {0: 0, 1: 2, 2: 3}  # frozen: nobody replaced
-    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=1) == {0: 0, 2: 3}  # 290 goes
-    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=2) == {2: 3}  # then 300
+    assert release_worst(unbeaten_slots(4, close, 1, [1, 1, 3], 50.0), close, 3, 1) == {0: 0, 2: 3}  # 290 goes
+    assert release_worst(unbeaten_slots(4, close, 1, [1, 1, 3], 50.0), close, 3, 2) == {2: 3}  # then 300
     scores = [100.0, 320.0, 290.0, 310.0]  # position 0 is beaten anyway: one slot already replaced
-    assert unbeaten_slots(4, scores, 1, [1, 1, 3], 50.0, replace_worst=1) == {1: 2, 2: 3}
-    assert unbeaten_slots(4, close, 1, [1, 1, 3], 50.0, replace_worst=3) == {}
+    assert release_worst(unbeaten_slots(4, scores, 1, [1, 1, 3], 50.0), scores, 3, 1) == {1: 2, 2: 3}
+    assert release_worst(unbeaten_slots(4, close, 1, [1, 1, 3], 50.0), close, 3, 3) == {}
 
 
 def test_a_kept_member_cannot_undo_the_founder_line_quota() -> None:
