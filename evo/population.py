@@ -39,6 +39,7 @@ from evo.selection import (
     keep_founder_lines,
     most_crowded_line,
     tournament_select,
+    truncation_select,
 )
 from evo.spec import Experiment
 
@@ -85,6 +86,8 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
     decided its parent's tournament (`details.selected_by`)."""
     rng = generation_rng(exp.seed, generation)
     sel = exp.selection
+    if sel.truncation:
+        return _truncation_generation(members, scores, generation, exp, rng, eligible, lines, founders, observations)
     decided: list[str] = []
     if lines is not None and (sel.equal_compute != "none" or sel.secondary or sel.founder_lines or sel.tie_tolerance):
         unit = sel.equal_compute if sel.equal_compute != "none" else "env_steps"
@@ -132,21 +135,46 @@ def next_generation(members: list[Member], scores: list[float], generation: int,
         if slot in kept:
             out.append(_survivor(members[kept[slot]]))
             continue
-        parent = members[pos]
-        # a child's own streams, from (run seed, its index, its birth generation): an unmutated
-        # clone must explore, not retrace its parent's training draw for draw
-        child = parent.agent.clone(next_index, seed=child_seed(exp.seed, next_index, generation))
-        mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, generation)
-        if decided:
-            mutation = replace(mutation, details={**mutation.details, "selected_by": decided[slot]})
-        if lines is not None:
-            lines[next_index] = list(lines.get(parent.index, []))
-        if founders is not None:
-            founders[next_index] = founders.get(parent.index, parent.index)
-        out.append(Member(MemberRecord(next_index, parent.index, generation, mutation.to_json(),
-                                       dict(child.arch), dict(child.hparams), []), child))
+        out.append(_mutated_child(members[pos], next_index, generation, exp, rng, observations, lines, founders,
+                                  decided[slot] if decided else None))
         next_index += 1
     return out
+
+
+def _truncation_generation(members: list[Member], scores: list[float], generation: int, exp: Experiment,
+                           rng: np.random.Generator, eligible: list[bool] | None, lines: dict[int, list[LinePoint]] | None,
+                           founders: dict[int, int] | None, observations: Sequence) -> list[Member]:
+    """`selection.truncation`: the lowest-scoring members' positions take mutated clones of the best; the rest train on."""
+    replaced = truncation_select(scores, exp.selection.truncation, rng, eligible)
+    next_index = max(m.index for m in members) + 1
+    out: list[Member] = []
+    for pos, member in enumerate(members):
+        if pos not in replaced:
+            out.append(_survivor(member))
+            continue
+        out.append(_mutated_child(members[replaced[pos]], next_index, generation, exp, rng, observations, lines,
+                                  founders, "truncation"))
+        next_index += 1
+    return out
+
+
+def _mutated_child(parent: Member, index: int, generation: int, exp: Experiment, rng: np.random.Generator,
+                   observations: Sequence, lines: dict[int, list[LinePoint]] | None, founders: dict[int, int] | None,
+                   selected_by: str | None) -> Member:
+    """Member `index`, born in `generation`: a clone of `parent`, mutated; it inherits its parent's line
+    (`lines`) and founder. `selected_by` (what decided the parent's selection) goes in its mutation record."""
+    # a child's own streams, from (run seed, its index, its birth generation): an unmutated
+    # clone must explore, not retrace its parent's training draw for draw
+    child = parent.agent.clone(index, seed=child_seed(exp.seed, index, generation))
+    mutation = apply_mutation(child, exp.mutation, exp.hparam_space, rng, observations, generation)
+    if selected_by is not None:
+        mutation = replace(mutation, details={**mutation.details, "selected_by": selected_by})
+    if lines is not None:
+        lines[index] = list(lines.get(parent.index, []))
+    if founders is not None:
+        founders[index] = founders.get(parent.index, parent.index)
+    return Member(MemberRecord(index, parent.index, generation, mutation.to_json(),
+                               dict(child.arch), dict(child.hparams), []), child)
 
 
 def unbeaten_slots(n: int, scores: Sequence[float], elite: int | None, parents: Sequence[int],

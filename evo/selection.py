@@ -59,6 +59,28 @@ def tournament_select(fitness: Sequence[float], n_children: int, tournament_size
     return elite, parents
 
 
+
+def truncation_select(scores: Sequence[float], k: int, rng: np.random.Generator,
+                      eligible: Sequence[bool] | None = None) -> dict[int, int]:
+    """PBT's exploit rule (truncation selection, `selection.truncation`): the `k` lowest-scoring members
+    are replaced by clones of the `k` highest, the lowest by the highest, the next by the next; every
+    other member trains on. Members not `eligible` (failed this generation) rank below all others and
+    are always replaced (by more than `k` if that many failed). Equal scores are ordered by `rng`, so a
+    tie at a floor score does not always cost the same position its slot.
+    Returns {replaced position: cloned position}."""
+    n = len(scores)
+    ok = [True] * n if eligible is None else [bool(e) for e in eligible]
+    if n == 0 or not any(ok):
+        raise ValueError("cannot select: every member failed" if n else "cannot select from an empty population")
+    if not 1 <= k <= n // 2:
+        raise ValueError(f"truncation: expected 1..{n // 2} (half of {n} members), found {k}")
+    draw = rng.random(n)
+    best_first = sorted(range(n), key=lambda p: (not ok[p], -float(scores[p]) if ok[p] else 0.0, draw[p]))
+    replaced = max(k, n - sum(ok))
+    winners = [p for p in best_first[:n - replaced] if ok[p]][:k]
+    losers = best_first[n - replaced:][::-1]  # the lowest first
+    return {loser: winners[i % len(winners)] for i, loser in enumerate(losers)}
+
 # ---- selection that is not blind: ties broken by a secondary signal, judging at equal compute ----
 
 Judge = Callable[[Sequence[int]], tuple[Sequence[float], Sequence[float]]]

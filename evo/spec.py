@@ -132,6 +132,11 @@ class SelectionSpec(_Strict):
                                                             "are replaced each generation (the lowest-scoring kept "
                                                             "ones first), so scores within tie_tolerance of each other "
                                                             "do not freeze the population")
+    truncation: int = Field(default=0, ge=0, description="sync: instead of tournaments, exactly this many lowest-"
+                                                         "scoring members are replaced each generation by mutated "
+                                                         "clones of the highest-scoring ones, and every other member "
+                                                         "trains on unmutated (PBT's exploit rule; at most half the "
+                                                         "population)")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
     champion: bool = Field(default=False, description="async: the best state evaluated so far (by score) is kept out "
@@ -273,6 +278,12 @@ class ExperimentSpec(_Strict):
             raise ValueError(f"selection.replace_worst: expected population.mode = 'sync' and selection.keep_unbeaten = "
                              f"true (without it every member but the elite is replaced already), found mode "
                              f"{self.population.mode!r}, keep_unbeaten {self.selection.keep_unbeaten}")
+        if self.selection.truncation and (self.population.mode != "sync" or self.selection.keep_unbeaten
+                                          or self.selection.founder_lines or self.selection.replace_worst):
+            raise ValueError(f"selection.truncation: expected population.mode = 'sync' and no tournament rule "
+                             f"(keep_unbeaten, founder_lines, replace_worst: truncation replaces the tournaments), "
+                             f"found mode {self.population.mode!r}, keep_unbeaten {self.selection.keep_unbeaten}, "
+                             f"founder_lines {self.selection.founder_lines}, replace_worst {self.selection.replace_worst}")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")
@@ -285,6 +296,9 @@ class ExperimentSpec(_Strict):
                 f"selection.tournament_size: expected at most population.size ({self.population.size}), "
                 f"found {self.selection.tournament_size}"
             )
+        if 2 * self.selection.truncation > self.population.size:
+            raise ValueError(f"selection.truncation: expected at most half of population.size ({self.population.size}), "
+                             f"found {self.selection.truncation}")
         if self.selection.replace_worst >= self.population.size:
             raise ValueError(f"selection.replace_worst: expected fewer than population.size ({self.population.size}), "
                              f"found {self.selection.replace_worst}")

@@ -10,7 +10,7 @@ import pytest
 
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
 from evo.population import lines_surviving_unbeaten, release_worst, unbeaten_slots
-from evo.selection import judged_tournament_select, keep_founder_lines, pick_best
+from evo.selection import judged_tournament_select, keep_founder_lines, pick_best, truncation_select
 from evo.spec import SpecError, load_experiment
 from tests.conftest import TOY_EXPERIMENT, evolve_toy
 
@@ -170,6 +170,42 @@ def test_replace_worst_replaces_the_lowest_member_each_generation_of_a_frozen_po
         assert len(after - {e["index"] for e in now}) == 1  # one child took the slot
     children = [m for m in store.all_members() if m["mutation"]]
     assert children and all(m["mutation"]["details"]["selected_by"] == "worst replaced" for m in children)
+
+
+def test_truncation_replaces_the_lowest_by_clones_of_the_highest_and_keeps_the_rest() -> None:
+    rng = np.random.default_rng(0)
+    assert truncation_select([3.0, 9.0, 1.0, 5.0], 1, rng) == {2: 1}
+    assert truncation_select([3.0, 9.0, 1.0, 5.0, 7.0, 0.0], 2, rng) == {5: 1, 2: 4}  # lowest by highest
+    # a failed member ranks last and is replaced first; more failures than k are all replaced
+    assert truncation_select([3.0, 9.0, 1.0, 5.0], 1, rng, eligible=[True, False, True, True]) == {1: 3}
+    assert truncation_select([3.0, 9.0, 1.0, 5.0], 1, rng, eligible=[False, True, False, True]) == {0: 1, 2: 1}
+    # ties at a floor: which of them goes is drawn, not always the same position
+    losers = {next(iter(truncation_select([0.0, 0.0, 0.0, 5.0], 1, np.random.default_rng(s)))) for s in range(40)}
+    assert losers == {0, 1, 2}
+    for k in (0, 3):
+        with pytest.raises(ValueError, match="truncation: expected 1..2"):
+            truncation_select([1.0, 2.0, 3.0, 4.0], k, rng)
+    with pytest.raises(ValueError, match="every member failed"):
+        truncation_select([1.0, 2.0], 1, rng, eligible=[False, False])
+
+
+def test_truncation_replaces_exactly_the_lowest_member_each_generation_by_a_clone_of_the_best(tmp_path) -> None:
+    # PBT's exploit rule: one child a generation, in the lowest scorer's slot, from the best; the others train on
+    store = evolve_toy(tmp_path, {"selection.truncation": 1, "population.generations": 4})
+    last = store.last_completed_generation()
+    assert last >= 2
+    parents = {m["index"]: m["parent"] for m in store.all_members()}
+    for g in range(last):
+        now = store.evaluations(g)
+        after = {e["index"] for e in store.evaluations(g + 1)}
+        gone = [e for e in now if e["index"] not in after]
+        born = after - {e["index"] for e in now}
+        assert len(gone) == 1 and len(born) == 1, g
+        assert gone[0]["score"] == min(e["score"] for e in now)
+        best = [e["index"] for e in now if e["score"] == max(x["score"] for x in now)]
+        assert parents[born.pop()] in best
+    children = [m for m in store.all_members() if m["mutation"]]
+    assert children and all(m["mutation"]["details"]["selected_by"] == "truncation" for m in children)
 
 
 def test_keep_unbeaten_keeps_every_member_that_shares_the_best_score(tmp_path) -> None:

@@ -46,6 +46,11 @@ BAD_FILES = {
     "replace_worst_whole_population": (_variant("tournament_size = 2", "tournament_size = 2\nkeep_unbeaten = true\n"
                                                 "replace_worst = 4"),
                                        "selection.replace_worst: expected fewer than population.size (4), found 4"),
+    "truncation_with_keep_unbeaten": (_variant("tournament_size = 2", "tournament_size = 2\nkeep_unbeaten = true\n"
+                                               "truncation = 1"),
+                                      "selection.truncation: expected population.mode = 'sync' and no tournament rule"),
+    "truncation_above_half": (_variant("tournament_size = 2", "tournament_size = 2\ntruncation = 3"),
+                              "selection.truncation: expected at most half of population.size (4), found 3"),
     "bad_backend": (_variant('backend = "inline"', 'backend = "slurm"'), "backend: expected 'ray' or 'inline', found 'slurm'"),
 }
 
