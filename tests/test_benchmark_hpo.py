@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.hpo.common import founders, load, summarise, task
@@ -166,6 +167,28 @@ def test_the_lines_explore_ablation_is_evo_lines_with_the_worst_member_replaced(
         founder = {m.record.index: m.record.index for m in members}
         kept = {founder.get(m.record.index, founder.get(m.record.parent)) for m in after}
         assert 0 in kept and len(kept) >= 2, (generation, kept)
+
+
+def test_the_truncate_ablation_replaces_only_the_worst_member_by_a_clone_of_the_best():
+    """evo-truncate, PBT's exploit rule: whatever the scores, exactly one child a generation, in the
+    lowest-scoring member's slot, cloned from the best; the other members train on unmutated."""
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    for name in ("cartpole", "randomwalks-sparse"):
+        t = task(name, quick=True)
+        exp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate"]))
+        plain, _ = load(t, seed=0, regime="scratch", **VARIANTS["evo"])
+        assert exp.selection.model_copy(update={"truncation": 0}) == plain.selection and exp.mutation == plain.mutation
+        for generation, scores in enumerate(([380.0, 350.0, 360.0, 370.0], [9.0, 500.0, 0.0, 480.0],
+                                              [0.2, 0.1, 0.3, 0.05]), start=1):
+            members, after = _one_generation(exp, scores, generation=generation)
+            children = [m for m in after if m.record.born == generation]
+            worst, best = (members[int(i)].index for i in (np.argmin(scores), np.argmax(scores)))
+            assert len(children) == 1 and children[0].record.parent == best, (name, scores)
+            assert sorted(m.index for m in after if m.record.born == 0) == sorted(
+                m.index for m in members if m.index != worst)
+            survivors = {m.index: m.agent.hparams for m in members}
+            assert all(m.agent.hparams == survivors[m.index] for m in after if m.record.born == 0)
 
 
 def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():

@@ -170,6 +170,13 @@ EXPLORE = {**OWN_DATA, "selection.replace_worst": 1}
 # sitting within the margin stops the search
 LINES_EXPLORE = {**TWO_LINES, "selection.replace_worst": 1}
 
+# `evo-truncate`: PBT's exploit rule inside evo (selection.truncation = 1: truncation selection at a quarter
+# of a population of 4): every generation the lowest-scoring member's slot takes a mutated clone of the
+# best and every other member trains on, whatever the gap. Plain evo instead overwrites every non-elite
+# slot with a tournament winner's clone; evo-margin and its kin keep members within the margin, so some
+# of their generations change nothing
+TRUNCATE = {"selection.truncation": 1}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -184,7 +191,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
-                          "evo-lines-explore": LINES_EXPLORE}.items()}
+                          "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
-evo-lines, evo-explore, evo-lines-explore; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
+evo-lines, evo-explore, evo-lines-explore, evo-truncate; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-explore": "evo-own with the lowest-scoring member replaced by a new child every generation "
                             "(selection.replace_worst = 1), so members within the margin of each other still explore",
              "evo-lines-explore": "evo-own with both: two founders' lines kept to the end and the lowest-scoring "
-                                  "member replaced by a new child every generation"}
+                                  "member replaced by a new child every generation",
+             "evo-truncate": "evo with PBT's exploit rule: each generation only the lowest-scoring member is "
+                             "replaced, by a mutated clone of the best; the others train on whatever the gap"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
