@@ -177,6 +177,14 @@ LINES_EXPLORE = {**TWO_LINES, "selection.replace_worst": 1}
 # of their generations change nothing
 TRUNCATE = {"selection.truncation": 1}
 
+# `evo-truncate-hp`: evo-truncate whose children change every mutable hyperparameter (each grown ×1.2 or
+# shrunk ×0.8, evo's rl_hp mutation with a count above any search space's size) and nothing else: PBT's
+# explore without its resampling. evo's own mix makes 40% of children plain copies, changes one
+# hyperparameter of seven in 20%, and in 40% changes the network (a layer, noise on the weights, the
+# activation), where PBT perturbs every hyperparameter of every child
+TRUNCATE_HP = {**TRUNCATE, "mutation.no_mutation": 0.0, "mutation.architecture": 0.0, "mutation.parameters": 0.0,
+               "mutation.activation": 0.0, "mutation.rl_hp": 1.0, "mutation.rl_hp_count": 100}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -191,7 +199,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
-                          "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE}.items()}
+                          "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
+                          "evo-truncate-hp": TRUNCATE_HP}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
-evo-lines, evo-explore, evo-lines-explore, evo-truncate; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
+evo-lines, evo-explore, evo-lines-explore, evo-truncate, evo-truncate-hp; `ABLATIONS` says what each
+changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-lines-explore": "evo-own with both: two founders' lines kept to the end and the lowest-scoring "
                                   "member replaced by a new child every generation",
              "evo-truncate": "evo with PBT's exploit rule: each generation only the lowest-scoring member is "
-                             "replaced, by a mutated clone of the best; the others train on whatever the gap"}
+                             "replaced, by a mutated clone of the best; the others train on whatever the gap",
+             "evo-truncate-hp": "evo-truncate whose children change every hyperparameter (x1.2 or x0.8) and nothing "
+                                "else: PBT's explore without its resampling"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
