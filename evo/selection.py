@@ -59,7 +59,6 @@ def tournament_select(fitness: Sequence[float], n_children: int, tournament_size
     return elite, parents
 
 
-
 def truncation_select(scores: Sequence[float], k: int, rng: np.random.Generator,
                       eligible: Sequence[bool] | None = None) -> dict[int, int]:
     """PBT's exploit rule (truncation selection, `selection.truncation`): the `k` lowest-scoring members
@@ -80,6 +79,7 @@ def truncation_select(scores: Sequence[float], k: int, rng: np.random.Generator,
     winners = [p for p in best_first[:n - replaced] if ok[p]][:k]
     losers = best_first[n - replaced:][::-1]  # the lowest first
     return {loser: winners[i % len(winners)] for i, loser in enumerate(losers)}
+
 
 # ---- selection that is not blind: ties broken by a secondary signal, judging at equal compute ----
 
