@@ -191,7 +191,7 @@ def test_the_truncate_ablation_replaces_only_the_worst_member_by_a_clone_of_the_
             assert all(m.agent.hparams == survivors[m.index] for m in after if m.record.born == 0)
 
 
-def test_the_truncate_hp_ablation_changes_every_hyperparameter_of_a_child_and_nothing_else():
+def test_the_truncate_hp_ablations_change_all_or_three_hyperparameters_of_a_child_and_nothing_else():
     from benchmarks.hpo.evo_strategy import VARIANTS, settings
 
     t = task("randomwalks-sparse", quick=True)
@@ -204,6 +204,12 @@ def test_the_truncate_hp_ablation_changes_every_hyperparameter_of_a_child_and_no
     assert child.record.mutation["kind"] == "rl_hp" and child.agent.arch == parent.agent.arch
     mutable = [name for name, hp in exp.hparam_space.items() if hp.mutable]
     assert len(mutable) == 7 and all(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable)
+    three, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3"]))
+    assert three.mutation.model_copy(update={"rl_hp_count": 100}) == exp.mutation and three.selection == exp.selection
+    members, after = _one_generation(three, [0.2, 0.1, 0.3, 0.05])
+    (child,) = [m for m in after if m.record.born == 1]
+    parent = next(m for m in members if m.index == child.record.parent)
+    assert sum(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable) == 3
 
 
 def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():

@@ -185,6 +185,10 @@ TRUNCATE = {"selection.truncation": 1}
 TRUNCATE_HP = {**TRUNCATE, "mutation.no_mutation": 0.0, "mutation.architecture": 0.0, "mutation.parameters": 0.0,
                "mutation.activation": 0.0, "mutation.rl_hp": 1.0, "mutation.rl_hp_count": 100}
 
+# `evo-truncate-hp3`: evo-truncate-hp with three hyperparameters of each child changed, not all: the step
+# between evo's one (too little on randomwalks-sparse) and PBT's all (too much on CartPole's twelve)
+TRUNCATE_HP3 = {**TRUNCATE_HP, "mutation.rl_hp_count": 3}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -200,7 +204,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
                           "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
-                          "evo-truncate-hp": TRUNCATE_HP}.items()}
+                          "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
