@@ -212,6 +212,16 @@ def test_the_truncate_hp_ablations_change_all_or_three_hyperparameters_of_a_chil
     assert sum(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable) == 3
 
 
+def test_the_truncate_hp_own_ablation_is_truncate_hp_with_half_of_each_batch_from_the_members_own_rows():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("cartpole", quick=True)
+    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp-own"]))
+    hp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp"]))
+    assert own.replay.own_share == 0.5 and hp.replay.own_share == 0.0
+    assert own.spec.model_copy(update={"replay": hp.replay}) == hp.spec
+
+
 def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():
     """Plain `evo` records no `selected_by` (its mutations' JSON has no "details"): counted as "?", not a crash."""
     from types import SimpleNamespace

@@ -189,6 +189,12 @@ TRUNCATE_HP = {**TRUNCATE, "mutation.no_mutation": 0.0, "mutation.architecture":
 # between evo's one (too little on randomwalks-sparse) and PBT's all (too much on CartPole's twelve)
 TRUNCATE_HP3 = {**TRUNCATE_HP, "mutation.rl_hp_count": 3}
 
+# `evo-truncate-hp-own`: evo-truncate-hp with half of every batch a member draws from its own rows of the
+# generation (replay.own_share = 0.5, as evo-own). PBT's trials each keep a store of their own; on CartPole
+# own_share is what took evo-margin's final level with the peers. A task whose members insert nothing (ILQL
+# trains offline on randomwalks) has no own rows, so there it changes nothing
+TRUNCATE_HP_OWN = {**TRUNCATE_HP, "replay.own_share": 0.5}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -204,7 +210,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
                           "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
-                          "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3}.items()}
+                          "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3,
+                          "evo-truncate-hp-own": TRUNCATE_HP_OWN}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -5,8 +5,8 @@
 
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
-evo-lines, evo-explore, evo-lines-explore, evo-truncate, evo-truncate-hp, evo-truncate-hp3; `ABLATIONS` says
-what each changes, `evo_strategy.VARIANTS` how).
+evo-lines, evo-explore, evo-lines-explore, evo-truncate, evo-truncate-hp, evo-truncate-hp3,
+evo-truncate-hp-own; `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                              "replaced, by a mutated clone of the best; the others train on whatever the gap",
              "evo-truncate-hp": "evo-truncate whose children change every hyperparameter (x1.2 or x0.8) and nothing "
                                 "else: PBT's explore without its resampling",
-             "evo-truncate-hp3": "evo-truncate-hp with three hyperparameters of each child changed, not all"}
+             "evo-truncate-hp3": "evo-truncate-hp with three hyperparameters of each child changed, not all",
+             "evo-truncate-hp-own": "evo-truncate-hp with at least half of each batch drawn from the member's own "
+                                    "rows of the generation (replay.own_share = 0.5, as evo-own)"}
 
 
 def run(name: str, seed: int, task_name: str, quick: bool, partial: str | None = None, regime: str = "tuned") -> dict:
