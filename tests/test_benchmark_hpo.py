@@ -222,6 +222,23 @@ def test_the_truncate_hp_own_ablation_is_truncate_hp_with_half_of_each_batch_fro
     assert own.spec.model_copy(update={"replay": hp.replay}) == hp.spec
 
 
+def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own():
+    """docs/experiments.md names `evo-truncate-hp-own` as a recipe a user copies: its TOML must be the variant's settings."""
+    import textwrap
+
+    import tomllib
+
+    from benchmarks.hpo.evo_strategy import VARIANTS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
+    after = text[text.index("PBT's search inside evo"):]
+    block = after[after.index("\n    [selection]") + 1:]
+    block = block[:block.index("\n\n")]
+    recipe = {f"{table}.{key}": value for table, values in tomllib.loads(textwrap.dedent(block)).items()
+              for key, value in values.items()}
+    assert recipe == VARIANTS["evo-truncate-hp-own"]
+
+
 def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():
     """Plain `evo` records no `selected_by` (its mutations' JSON has no "details"): counted as "?", not a crash."""
     from types import SimpleNamespace
