@@ -90,6 +90,13 @@ def _one_generation(exp, scores: list[float], members: list | None = None, gener
     return members, after
 
 
+def _only_child(exp, scores: list[float]) -> tuple:
+    """(the one child of generation 1 after `scores`, its parent among the founders): a truncation = 1 run."""
+    members, after = _one_generation(exp, scores)
+    (child,) = [m for m in after if m.record.born == 1]
+    return child, next(m for m in members if m.index == child.record.parent)
+
+
 def test_the_margin_ablation_replaces_a_member_only_from_a_tenth_of_the_target_behind():
     from benchmarks.hpo.evo_strategy import VARIANTS, settings
 
@@ -198,17 +205,13 @@ def test_the_truncate_hp_ablations_change_all_or_three_hyperparameters_of_a_chil
     exp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp"]))
     truncate, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate"]))
     assert exp.selection == truncate.selection
-    members, after = _one_generation(exp, [0.2, 0.1, 0.3, 0.05])
-    (child,) = [m for m in after if m.record.born == 1]
-    parent = next(m for m in members if m.index == child.record.parent)
+    child, parent = _only_child(exp, [0.2, 0.1, 0.3, 0.05])
     assert child.record.mutation["kind"] == "rl_hp" and child.agent.arch == parent.agent.arch
     mutable = [name for name, hp in exp.hparam_space.items() if hp.mutable]
     assert len(mutable) == 7 and all(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable)
     three, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3"]))
     assert three.mutation.model_copy(update={"rl_hp_count": 100}) == exp.mutation and three.selection == exp.selection
-    members, after = _one_generation(three, [0.2, 0.1, 0.3, 0.05])
-    (child,) = [m for m in after if m.record.born == 1]
-    parent = next(m for m in members if m.index == child.record.parent)
+    child, parent = _only_child(three, [0.2, 0.1, 0.3, 0.05])
     assert sum(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable) == 3
 
 
