@@ -9,7 +9,7 @@ Values never leave their bounds.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -163,9 +163,15 @@ def parse_hparam(name: str, raw: Any, default: HParam | None = None) -> HParam:
 
 
 def mutate_hparams(
-    space: dict[str, HParam], values: dict[str, Any], rng: np.random.Generator, n: int = 1
+    space: dict[str, HParam], values: dict[str, Any], rng: np.random.Generator, n: int = 1, resample_prob: float = 0.0
 ) -> dict[str, tuple[Any, Any]]:
-    """Mutate `n` randomly chosen mutable hyperparameters; returns {name: (old, new)} of the changes."""
+    """Mutate `n` randomly chosen mutable hyperparameters; returns {name: (old, new)} of the changes.
+
+    `resample_prob`: the least chance that a picked hyperparameter is drawn afresh from its whole range
+    (PBT's `resample_probability` for all of them at once); a hyperparameter's own, if higher, stays.
+    The random draws are the same whatever it is, so 0 mutates exactly as before it existed."""
+    if not 0.0 <= resample_prob <= 1.0:
+        raise HParamError(f"resample_prob: expected a probability in [0, 1], found {resample_prob}")
     names = sorted(k for k, hp in space.items() if hp.mutable)
     if not names:
         return {}
@@ -174,6 +180,9 @@ def mutate_hparams(
     for i in sorted(int(j) for j in picked):
         name = names[i]
         old = values[name]
-        new = space[name].with_value(old).mutate(rng)
+        hp = space[name].with_value(old)
+        if resample_prob > hp.resample_prob:
+            hp = replace(hp, resample_prob=resample_prob)
+        new = hp.mutate(rng)
         changes[name] = (old, new)
     return changes

@@ -49,7 +49,7 @@ def _activation(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng:
 
 
 def _rl_hp(agent: Agent, spec: MutationSpec, space: dict[str, HParam], rng: np.random.Generator) -> MutationRecord:
-    changes = mutate_hparams(space, agent.hparams, rng, spec.rl_hp_count)
+    changes = mutate_hparams(space, agent.hparams, rng, spec.rl_hp_count, spec.rl_hp_resample)
     agent.set_hparams({k: new for k, (_, new) in changes.items()})
     return MutationRecord(op="hparams", changes={k: [old, new] for k, (old, new) in changes.items()})
 

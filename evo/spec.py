@@ -162,6 +162,10 @@ class MutationSpec(_Strict):
         default_factory=lambda: ["ReLU", "GELU", "PReLU", "Tanh", "Sigmoid", "ELU", "Threshold"])
     rl_hp: float = Field(default=0.2, ge=0)
     rl_hp_count: int = Field(default=1, ge=1, description="hyperparameters changed by one rl_hp mutation")
+    rl_hp_resample: float = Field(default=0.0, ge=0, le=1,
+                                  description="the least chance that an rl_hp mutation draws a hyperparameter afresh "
+                                              "from its whole range instead of growing or shrinking it (PBT's "
+                                              "resample_probability; a hyperparameter's own resample_prob, if higher, wins)")
     model_guided: float = Field(default=0.0, ge=0, description="PB2-style: new hyperparameters where a Gaussian "
                                                                "process of (hyperparameters, round) -> score gain "
                                                                "has the highest upper confidence bound (scikit-learn)")

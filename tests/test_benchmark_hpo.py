@@ -225,6 +225,24 @@ def test_the_truncate_hp_own_ablation_is_truncate_hp_with_half_of_each_batch_fro
     assert own.spec.model_copy(update={"replay": hp.replay}) == hp.spec
 
 
+
+def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    t = task("randomwalks-sparse", quick=True)
+    pbt, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-pbt-own"]))
+    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp-own"]))
+    assert pbt.mutation.rl_hp_resample == 0.25 and own.mutation.rl_hp_resample == 0.0
+    assert pbt.spec.model_copy(update={"mutation": own.mutation}) == own.spec
+    # a child still changes every hyperparameter; some are drawn afresh where evo-truncate-hp-own's child,
+    # made from the same random draws, grew or shrank them, and the others got the same step
+    child, parent = _only_child(pbt, [0.2, 0.1, 0.3, 0.05])
+    stepped, _ = _only_child(own, [0.2, 0.1, 0.3, 0.05])
+    mutable = [name for name, hp in pbt.hparam_space.items() if hp.mutable]
+    assert all(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable)
+    redrawn = [n for n in mutable if child.agent.hparams[n] != stepped.agent.hparams[n]]
+    assert 0 < len(redrawn) < len(mutable)
+
 def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own():
     """docs/experiments.md names `evo-truncate-hp-own` as a recipe a user copies: its TOML must be the variant's settings."""
     import textwrap

@@ -176,6 +176,23 @@ def test_mutate_hparams_changes_one_by_default_and_each_at_most_once() -> None:
     assert mutate_hparams({"fixed": HParam(0.99)}, {"fixed": 0.99}, np.random.default_rng(0)) == {}
 
 
+
+def test_a_resample_floor_draws_from_the_whole_range_and_keeps_a_higher_own_probability() -> None:
+    space = {"lr": HParam(1e-3, 1e-5, 1e-1, scale="log"), "b": HParam(8, 1, 64, kind="int", resample_prob=1.0)}
+    values = {"lr": 1e-3, "b": 8}
+    steps = {round(new / old, 6) for seed in range(200)
+             for old, new in [mutate_hparams(space, values, np.random.default_rng(seed), n=2)["lr"]]}
+    assert steps == {1.2, 0.8}  # no floor: lr only grows or shrinks
+    floored = [mutate_hparams(space, values, np.random.default_rng(seed), n=2, resample_prob=1.0) for seed in range(200)]
+    lrs = np.log10([c["lr"][1] for c in floored])
+    assert lrs.min() < -4 and lrs.max() > -2  # drawn afresh from the log range, far past one x1.2 or x0.8 step
+    # the draws are the same with or without a floor: at 0 it is the mutation it was, and a hyperparameter
+    # whose own probability is higher (b: 1.0) gets the same values whatever the floor
+    assert [c["b"] for c in floored] == [mutate_hparams(space, values, np.random.default_rng(seed), n=2)["b"]
+                                         for seed in range(200)]
+    with pytest.raises(HParamError, match="resample_prob"):
+        mutate_hparams(space, values, np.random.default_rng(0), resample_prob=1.5)
+
 # ---- parsing experiment-file entries ----------------------------------------------------------------
 
 def test_to_json_is_plain_json() -> None:

@@ -65,6 +65,20 @@ def test_rl_hp_changes_rl_hp_count_hyperparameters_and_records_old_and_new() -> 
     assert len(one.changes) == 1
 
 
+
+def test_rl_hp_resample_draws_hyperparameters_afresh_and_is_validated() -> None:
+    spec = MutationSpec(**ONLY["rl_hp"], rl_hp_count=99, rl_hp_resample=1.0)
+    grow_or_shrink = 0
+    for seed in range(20):
+        agent = _toy()
+        record = apply_mutation(agent, spec, SPACE, np.random.default_rng(seed))
+        before, after = record.changes["lr"]
+        grow_or_shrink += round(after / before, 6) in (1.2, 0.8)
+        assert SPACE["lr"].min <= after <= SPACE["lr"].max and agent.hparams["lr"] == after
+    assert grow_or_shrink < 5  # drawn from the range, not stepped (a fresh draw lands on x1.2 or x0.8 by chance only)
+    with pytest.raises(ValueError, match="rl_hp_resample"):
+        MutationSpec(rl_hp_resample=1.5)
+
 def test_parameters_adds_noise_of_the_spec_sd() -> None:
     small, large = _toy(), _toy()
     before = _weights(small)

@@ -195,6 +195,11 @@ TRUNCATE_HP3 = {**TRUNCATE_HP, "mutation.rl_hp_count": 3}
 # trains offline on randomwalks) has no own rows, so there it changes nothing
 TRUNCATE_HP_OWN = {**TRUNCATE_HP, "replay.own_share": 0.5}
 
+# `evo-pbt-own`: evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range with
+# probability 0.25 instead of growing or shrinking it (mutation.rl_hp_resample: PBT's resample_probability,
+# its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
+PBT_OWN = {**TRUNCATE_HP_OWN, "mutation.rl_hp_resample": 0.25}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -211,7 +216,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
                           "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
                           "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3,
-                          "evo-truncate-hp-own": TRUNCATE_HP_OWN}.items()}
+                          "evo-truncate-hp-own": TRUNCATE_HP_OWN, "evo-pbt-own": PBT_OWN}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
