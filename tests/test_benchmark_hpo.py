@@ -215,7 +215,7 @@ def test_the_truncate_hp_ablations_change_all_or_three_hyperparameters_of_a_chil
     assert sum(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable) == 3
 
 
-def test_the_truncate_hp_own_ablation_is_truncate_hp_with_half_of_each_batch_from_the_members_own_rows():
+def test_the_own_ablations_are_truncate_hp_and_hp3_with_half_of_each_batch_from_the_members_own_rows():
     from benchmarks.hpo.evo_strategy import VARIANTS, settings
 
     t = task("cartpole", quick=True)
@@ -223,6 +223,9 @@ def test_the_truncate_hp_own_ablation_is_truncate_hp_with_half_of_each_batch_fro
     hp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp"]))
     assert own.replay.own_share == 0.5 and hp.replay.own_share == 0.0
     assert own.spec.model_copy(update={"replay": hp.replay}) == hp.spec
+    three_own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3-own"]))
+    three, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3"]))
+    assert three_own.spec.model_copy(update={"replay": three.replay}) == three.spec and three_own.replay == own.replay
 
 
 

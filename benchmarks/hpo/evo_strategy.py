@@ -195,6 +195,10 @@ TRUNCATE_HP3 = {**TRUNCATE_HP, "mutation.rl_hp_count": 3}
 # trains offline on randomwalks) has no own rows, so there it changes nothing
 TRUNCATE_HP_OWN = {**TRUNCATE_HP, "replay.own_share": 0.5}
 
+# `evo-truncate-hp3-own`: evo-truncate-hp-own with three hyperparameters of each child changed, not all (as
+# evo-truncate-hp3): own data with the smaller step
+TRUNCATE_HP3_OWN = {**TRUNCATE_HP_OWN, "mutation.rl_hp_count": 3}
+
 # `evo-pbt-own`: evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range with
 # probability 0.25 instead of growing or shrinking it (mutation.rl_hp_resample: PBT's resample_probability,
 # its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
@@ -216,7 +220,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
                           "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
                           "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3,
-                          "evo-truncate-hp-own": TRUNCATE_HP_OWN, "evo-pbt-own": PBT_OWN}.items()}
+                          "evo-truncate-hp-own": TRUNCATE_HP_OWN,
+                          "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-pbt-own": PBT_OWN}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
