@@ -215,26 +215,24 @@ def test_the_truncate_hp_ablations_change_all_or_three_hyperparameters_of_a_chil
     assert sum(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable) == 3
 
 
-def test_the_own_ablations_are_truncate_hp_and_hp3_with_half_of_each_batch_from_the_members_own_rows():
+def _scratch_variant(task_name: str, name: str):
+    """Seed 0's experiment of evo variant `name` on `task_name` (quick) from scratch."""
     from benchmarks.hpo.evo_strategy import VARIANTS, settings
 
-    t = task("cartpole", quick=True)
-    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp-own"]))
-    hp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp"]))
+    t = task(task_name, quick=True)
+    return load(t, seed=0, regime="scratch", **settings(t, VARIANTS[name]))[0]
+
+
+def test_the_own_ablations_are_truncate_hp_and_hp3_with_half_of_each_batch_from_the_members_own_rows():
+    own, hp = (_scratch_variant("cartpole", n) for n in ("evo-truncate-hp-own", "evo-truncate-hp"))
     assert own.replay.own_share == 0.5 and hp.replay.own_share == 0.0
     assert own.spec.model_copy(update={"replay": hp.replay}) == hp.spec
-    three_own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3-own"]))
-    three, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp3"]))
+    three_own, three = (_scratch_variant("cartpole", n) for n in ("evo-truncate-hp3-own", "evo-truncate-hp3"))
     assert three_own.spec.model_copy(update={"replay": three.replay}) == three.spec and three_own.replay == own.replay
 
 
-
 def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
-    from benchmarks.hpo.evo_strategy import VARIANTS, settings
-
-    t = task("randomwalks-sparse", quick=True)
-    pbt, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-pbt-own"]))
-    own, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp-own"]))
+    pbt, own = (_scratch_variant("randomwalks-sparse", n) for n in ("evo-pbt-own", "evo-truncate-hp-own"))
     assert pbt.mutation.rl_hp_resample == 0.25 and own.mutation.rl_hp_resample == 0.0
     assert pbt.spec.model_copy(update={"mutation": own.mutation}) == own.spec
     # a child still changes every hyperparameter; some are drawn afresh where evo-truncate-hp-own's child,
@@ -245,6 +243,7 @@ def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
     assert all(child.agent.hparams[n] != parent.agent.hparams[n] for n in mutable)
     redrawn = [n for n in mutable if child.agent.hparams[n] != stepped.agent.hparams[n]]
     assert 0 < len(redrawn) < len(mutable)
+
 
 def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own():
     """docs/experiments.md names `evo-truncate-hp-own` as a recipe a user copies: its TOML must be the variant's settings."""
