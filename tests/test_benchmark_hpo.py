@@ -312,6 +312,22 @@ def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
     assert summarise(curve[:1], 475)["steps_to_target"] is None
 
 
+def test_target_hold_counts_runs_that_reached_held_and_ended_at_the_target():
+    from benchmarks.hpo.common import target_hold
+
+    def run(*bests, **extra):
+        return {"curve": [[100 * (i + 1), float(i), b] for i, b in enumerate(bests)], **extra}
+
+    runs = [run(10, 480, 500, 490),          # reached and held
+            run(10, 500, 400, 480),          # reached, fell, ended back at the target: not held
+            run(10, 500, 470),               # reached and fell
+            run(10, 300, 474.9),             # never reached
+            run(10, 500, error="exit 1"),    # a failed run is not counted
+            {"curve": []}]
+    assert target_hold(runs, 475) == {"runs": 4, "reached": 3, "held": 1, "final_at_target": 2}
+    assert target_hold([], 475) == {"runs": 0, "reached": 0, "held": 0, "final_at_target": 0}
+
+
 def test_tune_curve_takes_a_point_per_round_of_all_trials():
     pytest.importorskip("ray.tune", reason="the bench extra (ray[tune]) is not installed", exc_type=ImportError)
     from types import SimpleNamespace
@@ -470,6 +486,7 @@ def test_collect_reads_a_range_of_seeds_from_first_seed(tmp_path):
     assert report["seeds"] == [5, 6] and [r["seed"] for r in report["strategies"]["evo"]] == [5, 6]
     paired = report["compare"]["evo"]["evo-random"]["paired"]["final_best"]
     assert paired["seeds"] == [5, 6] and paired["mean"] == 20.0
+    assert report["target_hold"]["evo"] == {"runs": 2, "reached": 2, "held": 2, "final_at_target": 2}
     refused = subprocess.run([*cmd, "--first-seed", "-1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--first-seed" in refused.stderr
 

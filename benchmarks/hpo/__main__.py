@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hpo.common import ROOT, TASKS, machine, task
+from benchmarks.hpo.common import ROOT, TASKS, machine, target_hold, task
 from benchmarks.hpo.evo_strategy import VARIANTS
 from benchmarks.hpo.stats import compare
 from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
@@ -100,6 +100,7 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
 def _write_report(report: dict[str, Any], t: Any, args: argparse.Namespace) -> None:
     """Ratios, bootstrap comparisons (the slow part: tens of seconds with many strategies) and the plot."""
     report["ratios"] = ratios(report)
+    report["target_hold"] = {name: target_hold(runs, t.target) for name, runs in report["strategies"].items()}
     report["compare"] = {ref: compare(report["strategies"], t.budget, reference=ref)
                          for ref in VARIANTS if ref in report["strategies"]}
     report["machine"]["loadavg_now"] = list(os.getloadavg())
