@@ -509,6 +509,23 @@ def test_the_shared_window_does_not_charge_a_later_first_report():
     assert diff["auc_seconds_shared"]["difference"] == pytest.approx(0.0)
 
 
+def test_the_per_seed_horizon_scores_each_seed_as_if_collected_alone():
+    """Seed 1 ran on a machine ten times slower: with one global horizon seed 0's runs are scored mostly on
+    their final value (the pooled difference shrinks); auc_seconds_seed keeps each seed's own."""
+    from benchmarks.hpo.stats import compare
+
+    def runs(scale):  # evo reports at 1 and 10 s, random at 5 s, both at best 10: evo's area leads by 4 of 10
+        return {"evo": [[100, 1.0 * scale, 10.0], [200, 10.0 * scale, 10.0]], "random": [[100, 5.0 * scale, 10.0]]}
+
+    pooled = compare({name: [{"seed": seed, "curve": runs(scale)[name], "final_best": 10.0}
+                             for seed, scale in ((0, 1), (1, 10))] for name in ("evo", "random")}, budget=200)
+    alone = compare({name: [{"seed": 0, "curve": runs(1)[name], "final_best": 10.0}] for name in ("evo", "random")},
+                    budget=200)
+    assert alone["evo-random"]["paired"]["auc_seconds"]["mean"] == pytest.approx(4.0)
+    assert pooled["evo-random"]["paired"]["auc_seconds"]["mean"] == pytest.approx((0.4 + 4.0) / 2)
+    assert pooled["evo-random"]["paired"]["auc_seconds_seed"]["mean"] == pytest.approx(4.0)
+
+
 def test_an_async_curve_takes_a_point_every_population_of_rounds():
     from benchmarks.hpo.evo_strategy import CurveObserver
 

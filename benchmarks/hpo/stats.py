@@ -99,12 +99,18 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
             floor: float = 0.0) -> dict[str, Any]:
     """For each peer: evo's (`reference`'s) median minus the peer's, with bootstrap 95% intervals, of
     the final best, the area under best-so-far vs steps (horizon: the budget) and vs seconds
-    (horizon: the longest run's last point over all strategies, so a slow run is charged its time)."""
+    (horizon: the longest run's last point over all strategies, so a slow run is charged its time).
+    `auc_seconds_seed` is the area vs seconds to the longest run's last point *of the run's seed*: seeds
+    run on machines of different speeds (another session) then pool, where one global horizon would
+    score the fast machine's runs mostly on their final value."""
     def ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in runs if r.get("curve") and "error" not in r]
 
     runs_ok = [r for runs in strategies.values() for r in ok(runs)]
     horizon_s = max((float(p[1]) for r in runs_ok for p in r["curve"]), default=0.0)
+    seed_horizon: dict[Any, float] = {}
+    for r in runs_ok:
+        seed_horizon[r.get("seed")] = max(seed_horizon.get(r.get("seed"), 0.0), max(float(p[1]) for p in r["curve"]))
     # the shared window: from the latest first point of any run, so every run's best-so-far there is
     # measured, not the floor — a strategy whose first report comes later is not charged the floor
     # for that gap (on randomwalks that gap alone made the plain areas differ "significantly")
@@ -116,7 +122,8 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
                      "auc_steps": [auc(r["curve"], 0, budget, floor) for r in ok(runs)],
                      "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in ok(runs)],
                      "auc_steps_shared": [auc(r["curve"], 0, budget, floor, start[0]) for r in ok(runs)],
-                     "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in ok(runs)]}
+                     "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in ok(runs)],
+                     "auc_seconds_seed": [auc(r["curve"], 1, seed_horizon[r.get("seed")], floor) for r in ok(runs)]}
     out: dict[str, Any] = {"horizon_seconds": horizon_s, "shared_window_start": {"steps": start[0], "seconds": start[1]},
                            "per_strategy": {
         name: {k: (float(np.median([x for x in v if x is not None])) if any(x is not None for x in v) else None)
