@@ -313,7 +313,7 @@ def test_summarise_reports_first_hit_and_the_final_best_not_the_peak():
 
 
 def test_target_hold_counts_runs_that_reached_held_and_ended_at_the_target():
-    from benchmarks.hpo.common import target_hold
+    from benchmarks.hpo.stats import target_hold
 
     def run(*bests, **extra):
         return {"curve": [[100 * (i + 1), float(i), b] for i, b in enumerate(bests)], **extra}

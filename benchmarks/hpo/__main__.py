@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hpo.common import ROOT, TASKS, machine, target_hold, task
+from benchmarks.hpo.common import ROOT, TASKS, machine, task
 from benchmarks.hpo.evo_strategy import VARIANTS
-from benchmarks.hpo.stats import compare
+from benchmarks.hpo.stats import compare, target_hold
 from benchmarks.hpo.strategy import ABLATIONS, STRATEGIES
 
 REPORT_FIELDS = ("steps_to_target", "seconds_to_target", "final_best", "curve")

@@ -105,16 +105,6 @@ def summarise(curve: list[list[float]], target: float) -> dict[str, Any]:
             "final_best": curve[-1][2] if curve else None, "peak_best": max((p[2] for p in curve), default=None)}
 
 
-def target_hold(runs: list[dict[str, Any]], target: float) -> dict[str, int]:
-    """Of a strategy's complete runs: how many reached the target, how many of those held it (no later
-    curve point below it) and how many ended at or above it. A final best below a reached target is a
-    best member that fell after its peak; the counts say whether a strategy loses the target late."""
-    curves = [[p[2] for p in r["curve"]] for r in runs if r.get("curve") and "error" not in r]
-    reached = [c[next(i for i, best in enumerate(c) if best >= target):] for c in curves if max(c) >= target]
-    return {"runs": len(curves), "reached": len(reached), "held": sum(min(c) >= target for c in reached),
-            "final_at_target": sum(c[-1] >= target for c in curves)}
-
-
 def machine() -> dict[str, Any]:
     import importlib.metadata as md
 

@@ -95,6 +95,21 @@ def paired_difference(a: dict[int, float | None], b: dict[int, float | None], n:
     return out
 
 
+def complete_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs that finished with a curve (a failed or partial run carries "error")."""
+    return [r for r in runs if r.get("curve") and "error" not in r]
+
+
+def target_hold(runs: list[dict[str, Any]], target: float) -> dict[str, int]:
+    """Of a strategy's complete runs: how many reached the target, how many of those held it (no later
+    curve point below it) and how many ended at or above it. A final best below a reached target is a
+    best member that fell after its peak; the counts say whether a strategy loses the target late."""
+    curves = [[p[2] for p in r["curve"]] for r in complete_runs(runs)]
+    reached = [c[next(i for i, best in enumerate(c) if best >= target):] for c in curves if max(c) >= target]
+    return {"runs": len(curves), "reached": len(reached), "held": sum(min(c) >= target for c in reached),
+            "final_at_target": sum(c[-1] >= target for c in curves)}
+
+
 def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, reference: str = "evo",
             floor: float = 0.0) -> dict[str, Any]:
     """For each peer: evo's (`reference`'s) median minus the peer's, with bootstrap 95% intervals, of
@@ -103,27 +118,26 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
     `auc_seconds_seed` is the area vs seconds to the longest run's last point *of the run's seed*: seeds
     run on machines of different speeds (another session) then pool, where one global horizon would
     score the fast machine's runs mostly on their final value."""
-    def ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [r for r in runs if r.get("curve") and "error" not in r]
-
-    runs_ok = [r for runs in strategies.values() for r in ok(runs)]
-    horizon_s = max((float(p[1]) for r in runs_ok for p in r["curve"]), default=0.0)
+    runs_ok = [r for runs in strategies.values() for r in complete_runs(runs)]
     seed_horizon: dict[Any, float] = {}
     for r in runs_ok:
         seed_horizon[r.get("seed")] = max(seed_horizon.get(r.get("seed"), 0.0), max(float(p[1]) for p in r["curve"]))
+    horizon_s = max(seed_horizon.values(), default=0.0)
     # the shared window: from the latest first point of any run, so every run's best-so-far there is
     # measured, not the floor — a strategy whose first report comes later is not charged the floor
     # for that gap (on randomwalks that gap alone made the plain areas differ "significantly")
     start = [max((min(float(p[axis]) for p in r["curve"]) for r in runs_ok), default=0.0) for axis in (0, 1)]
     per: dict[str, dict[str, list[float | None]]] = {}
-    seeds: dict[str, list[int | None]] = {name: [r.get("seed") for r in ok(runs)] for name, runs in strategies.items()}
+    seeds: dict[str, list[int | None]] = {}
     for name, runs in strategies.items():
-        per[name] = {"final_best": [r.get("final_best") for r in ok(runs)],
-                     "auc_steps": [auc(r["curve"], 0, budget, floor) for r in ok(runs)],
-                     "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in ok(runs)],
-                     "auc_steps_shared": [auc(r["curve"], 0, budget, floor, start[0]) for r in ok(runs)],
-                     "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in ok(runs)],
-                     "auc_seconds_seed": [auc(r["curve"], 1, seed_horizon[r.get("seed")], floor) for r in ok(runs)]}
+        done = complete_runs(runs)
+        seeds[name] = [r.get("seed") for r in done]
+        per[name] = {"final_best": [r.get("final_best") for r in done],
+                     "auc_steps": [auc(r["curve"], 0, budget, floor) for r in done],
+                     "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in done],
+                     "auc_steps_shared": [auc(r["curve"], 0, budget, floor, start[0]) for r in done],
+                     "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in done],
+                     "auc_seconds_seed": [auc(r["curve"], 1, seed_horizon[r.get("seed")], floor) for r in done]}
     out: dict[str, Any] = {"horizon_seconds": horizon_s, "shared_window_start": {"steps": start[0], "seconds": start[1]},
                            "per_strategy": {
         name: {k: (float(np.median([x for x in v if x is not None])) if any(x is not None for x in v) else None)
