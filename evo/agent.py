@@ -52,7 +52,9 @@ class AgentContext:
     `replay` is the store the run built from the agent class's `replay_spec` (in this process or
     a Ray actor; members cannot tell), or None for agents that need none and for exported agents
     loaded outside a run. `own_share` is the experiment's `replay.own_share`: the least share of a
-    member's batches drawn from its own rows of the generation (its view's, evo.replay.view).
+    member's batches drawn from its own rows of the generation (its view's, evo.replay.view);
+    `own_rows` is `replay.own_rows`: "line" makes those own rows the member's line store, kept
+    across generations and copied to its clones.
     """
 
     task: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +62,7 @@ class AgentContext:
     device: str = "cpu"
     seed: int = 0
     own_share: float = 0.0
+    own_rows: str = "generation"
 
 
 class Agent(ABC):

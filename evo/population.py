@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -260,7 +260,8 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
 
         device = inline_device(exp.resources.gpus_per_member)  # refuses a GPU request without CUDA
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
-        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device, own_share=exp.replay.own_share)
+        context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device, own_share=exp.replay.own_share,
+                               own_rows=exp.replay.own_rows)
         return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
                                fused=_fused_trainer(exp)), context
     from evo.scheduler.ray import RayScheduler, init_ray
@@ -274,7 +275,8 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     init_ray(address)
     workers = check_cluster(res, exp.population.size)  # an impossible request fails now, not after timeout_s
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
-    context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, own_share=exp.replay.own_share)
+    context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, own_share=exp.replay.own_share,
+                               own_rows=exp.replay.own_rows)
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
                         res.timeout_s, res.max_failures, res.custom_resources, res.placement,
                         fused=_fused_trainer(exp)), context
@@ -309,6 +311,8 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         members = [Member(rec, exp.agent_class.from_state(state, context)) for rec, state in store.load_population(start)]
         if start > 0 and context.replay is not None:
             store.restore_replay(context.replay, start - 1)
+    # each member's line store by index (replay.own_rows = "line"), None when the run keeps none
+    line_stores = (store.load_lines(start - 1) if start > 0 else {}) if context.own_rows == "line" else None
     # each member's (compute, score) line and founder; what rounds of hyperparameters gained
     lines, founders, observations = rebuild_lines(store, exp)
     spent, budget = store.spent(), exp.population.budget
@@ -322,7 +326,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
         results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,
-                                           generation=generation)
+                                           generation=generation, **({"lines": line_stores} if line_stores is not None else {}))
         record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []
         for member, result in zip(members, results):
@@ -350,6 +354,9 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
                                    lines=lines, founders=founders, observations=observations)
         if context.replay is not None:
             store.snapshot_replay(context.replay, generation)
+        if line_stores is not None:
+            line_stores = inherited_lines(line_stores, members, results, children)
+            store.save_lines(generation, line_stores)
         store.commit_generation(generation, evaluated, [(c.record, c.agent.get_state()) for c in children],
                                 time.perf_counter() - t0, diversity=diversity, spent=spent)
         observer.generation_done(generation, store.evaluations(generation))
@@ -357,6 +364,23 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         if reached_stop_score(store, exp, generation):
             break
     store.set(status="completed")
+
+
+def inherited_lines(line_stores: dict[int, Any], members: list[Member], results: list[MemberResult],
+                    children: list[Member]) -> dict[int, Any]:
+    """The line stores the next generation starts from: a member that trained keeps the one its view
+    handed back (a failed one, the one it started with), and a clone takes a copy of its parent's —
+    the same arrays, as every view restores its own store from them."""
+    after = dict(line_stores)
+    for member, result in zip(members, results):
+        if not result.failed and result.line is not None:
+            after[member.index] = result.line
+    out = {}
+    for child in children:
+        source = child.index if child.index in after else child.record.parent
+        if source is not None and source in after:
+            out[child.index] = after[source]
+    return out
 
 
 def reached_stop_score(store: RunStore, exp: Experiment, generation: int) -> bool:

@@ -32,6 +32,7 @@ import numpy as np
 from evo.checkpoint import load_state, save_state
 from evo.diversity import Diversity
 from evo.faults import Failure
+from evo.replay import snapshot as snap
 from evo.replay.protocol import Replay
 
 __all__ = ["RunStore", "RunStoreError", "MemberRecord", "EvaluatedMember", "DB_NAME"]
@@ -453,6 +454,34 @@ class RunStore:
             return False
         replay.load_snapshot(directory)
         return True
+
+    def save_lines(self, generation: int, lines: dict[int, Any]) -> None:
+        """Write the line stores the members of generation `generation + 1` start from (`replay.own_rows
+        = "line"`), one snapshot per member under lines/g<generation>/; what `load_lines(generation)`
+        reads on resume. Those of generations before `generation - 1` go: a crash before this
+        generation commits resumes from the one before it."""
+        root = self.path / "lines"
+        directory = root / f"g{generation:04d}"
+        directory.mkdir(parents=True, exist_ok=True)
+        for index, (meta, arrays) in sorted(lines.items()):
+            snap.write_snapshot(directory / f"m{index:06d}", meta, arrays, keep=1)
+        (directory / "COMPLETE").write_text(json.dumps(sorted(int(i) for i in lines)))
+        for old in root.glob("g*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) < generation - 1:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def load_lines(self, generation: int) -> dict[int, Any]:
+        """The line stores `save_lines(generation)` wrote, by member index; {} if it wrote none (or
+        did not finish: members then start from empty line stores)."""
+        directory = self.path / "lines" / f"g{generation:04d}"
+        marker = directory / "COMPLETE"
+        if not marker.is_file():
+            return {}
+        out = {}
+        for index in json.loads(marker.read_text()):
+            _, meta, arrays = snap.read_snapshot(directory / f"m{index:06d}")
+            out[int(index)] = (meta, arrays)
+        return out
 
     # ---- failures (docs/faults.md) --------------------------------------------------------------
     def record_failures(self, failures: list[Failure]) -> None:

@@ -239,6 +239,11 @@ class ReplayTable(_Strict):
     own_share: float = Field(default=0.0, ge=0, le=1,
                              description="the least share of every batch a member draws from its own rows of the "
                                          "generation (0: rows in proportion to their sampling mass, as one store)")
+    own_rows: Literal["generation", "line"] = Field(
+        default="generation",
+        description="what a member's own rows are: its inserts of this generation, or its line store ('line': "
+                    "every row its line inserted, kept across generations with their priorities and copied to a "
+                    "clone, as a PBT trial copies its parent's store; docs/replay.md, Member views)")
 
 
 class LoggingSpec(_Strict):
@@ -288,6 +293,9 @@ class ExperimentSpec(_Strict):
                              f"(keep_unbeaten, founder_lines, replace_worst: truncation replaces the tournaments), "
                              f"found mode {self.population.mode!r}, keep_unbeaten {self.selection.keep_unbeaten}, "
                              f"founder_lines {self.selection.founder_lines}, replace_worst {self.selection.replace_worst}")
+        if self.replay.own_rows == "line" and self.population.mode != "sync":
+            raise ValueError("replay.own_rows = 'line': expected population.mode = 'sync' (line stores pass from "
+                             "generation to generation), found mode 'async'")
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")

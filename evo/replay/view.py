@@ -26,6 +26,14 @@ independent of scheduling (docs/replay.md, "Member views"):
   (`StagedWrites`, `ReplayStore.apply_staged`). A failed or retried attempt's log is dropped, so
   nothing it inserted ever reaches the shared store.
 
+With `own_rows = "line"` (the experiment's `replay.own_rows`) the own shard is the member's *line
+store*: a store of its own, kept from generation to generation, which holds every row its line
+inserted (up to the shared store's capacity, oldest evicted first) with the priorities its line gave
+them. A clone starts from a copy of its parent's line store, as a PBT trial copies its parent's
+store on exploit. The view starts from the line store it is given (`line`: the state `line_state`
+returned the generation before) and hands back its new state; its rows still reach the shared store
+only through the staged log, which holds this generation's writes alone.
+
 The shared store does not change during a generation (every member writes through a view), so
 "as of the generation's start" needs no copy. Not seen within the generation: other members'
 data of this generation, and the member's own priority updates of rows already in the shared
@@ -48,7 +56,12 @@ from evo.replay.protocol import Replay
 from evo.replay.staging import StagedWrites, ViewBasis
 from evo.replay.store import ReplayStore, SampleBatch, SequenceBatch, _as_keys
 
-__all__ = ["MemberView", "view_seed", "commit_views"]
+__all__ = ["MemberView", "view_seed", "commit_views", "LineState", "OWN_ROWS"]
+
+#: what a view's own shard holds: this generation's inserts, or the member's line store (module docstring)
+OWN_ROWS = ("generation", "line")
+#: a line store's state, as `ReplayStore.snapshot_state` gives it: (meta, arrays)
+LineState = tuple[dict[str, Any], dict[str, np.ndarray]]
 
 _MIN_OVERLAY = 4096  # first overlay size in rows; it doubles (replaying its own log) up to the store's capacity
 #: a read of the shared store fetches this many batches' worth of rows (one round trip per 8 batches on Ray)
@@ -65,10 +78,16 @@ class MemberView:
     """The `Replay` a member uses during one generation: the shared store frozen at the
     generation's start plus the member's own staged writes. See the module docstring."""
 
-    def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int, own_share: float = 0.0) -> None:
+    def __init__(self, base: Replay, basis: ViewBasis, seed: np.random.SeedSequence | int, own_share: float = 0.0,
+                 own_rows: str = "generation", line: LineState | None = None) -> None:
         if not 0.0 <= float(own_share) <= 1.0:
             raise ReplayError(f"own_share must be in [0, 1], found {own_share}")
+        if own_rows not in OWN_ROWS:
+            raise ReplayError(f"own_rows must be one of {OWN_ROWS}, found {own_rows!r}")
+        if line is not None and own_rows != "line":
+            raise ReplayError("a line store was given, but own_rows is not 'line'")
         self.own_share = float(own_share)
+        self.own_rows = own_rows
         bind = getattr(base, "bound_to", None)  # a sharded store: reads take the shards' masses from the basis
         self.base = bind(basis) if bind is not None else base
         self.basis = basis
@@ -80,6 +99,8 @@ class MemberView:
         self._shared = _SharedReads(self.base, np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, 0xB10C)))
         self._overlay: ReplayStore | None = None
         self._staged = StagedWrites()
+        if line is not None:
+            self._overlay = self._line_store(line)
 
     # ---- the member's own shard ------------------------------------------------------------
     def _new_overlay(self, capacity: int) -> ReplayStore:
@@ -90,9 +111,26 @@ class MemberView:
             store._sampler.max_priority = b.max_priority  # new rows get the shared store's top priority
         return store
 
+    def _line_store(self, line: LineState) -> ReplayStore:
+        """The line store restored from `line`, at the shared store's capacity (it never grows: growing
+        replays this generation's log, which holds none of the line's earlier rows)."""
+        meta, arrays = line
+        store = ReplayStore._from_state(meta, arrays, "memory", None, None)
+        if store.capacity != self.capacity or store.schema.to_json() != self.schema.to_json():
+            raise ReplayError(f"the line store holds {store.capacity} rows of another schema or capacity than the "
+                              f"shared store ({self.capacity}): it belongs to another run")
+        if self.basis.sampler == "prioritized":
+            store._sampler.max_priority = max(store._sampler.max_priority, self.basis.max_priority)
+        return store
+
     def _room_for(self, n: int) -> ReplayStore:
-        """The overlay, grown (by replaying the log into a larger one) so that `n` more rows fit."""
+        """The overlay, grown (by replaying the log into a larger one) so that `n` more rows fit; a
+        line store is made at the shared store's capacity at once (FIFO then evicts its oldest rows)."""
         ov = self._overlay
+        if self.own_rows == "line":
+            if ov is None:
+                self._overlay = ov = self._new_overlay(self.capacity)
+            return ov
         need = (len(ov) if ov is not None else 0) + n
         if ov is not None and (need <= ov.capacity or ov.capacity >= self.capacity):
             return ov
@@ -244,6 +282,14 @@ class MemberView:
     def staged(self) -> StagedWrites:
         """This member's writes of the generation, for `commit_views` (plain data: ships over Ray)."""
         return self._staged
+
+    def line_state(self) -> LineState | None:
+        """With `own_rows = "line"`: the line store as it is now, detached from the view (plain
+        arrays: ships over Ray), for the member's next view and its clones'; None when it holds no
+        rows or the view keeps no line."""
+        if self.own_rows != "line" or not self._own():
+            return None
+        return self._overlay.snapshot_state(copy=True)
 
 
 class _SharedReads:

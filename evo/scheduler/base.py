@@ -25,7 +25,7 @@ from evo.faults import Diverged, Failure, describe_exception
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 from evo.replay.staging import ViewBasis
-from evo.replay.view import MemberView
+from evo.replay.view import LineState, MemberView
 
 __all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event",
            "member_context", "failed_result"]
@@ -36,7 +36,8 @@ class MemberResult:
     """One member's outcome in one generation. With `failure` set the member failed: `agent` is
     its generation-start state and `evaluation.fitness` is −inf. `evaluation` is None for a member
     trained without an evaluation (an async rung judged on a training metric). `retries` are the
-    lost attempts that were retried before this outcome."""
+    lost attempts that were retried before this outcome. `line` is the member's line store after
+    the generation (`replay.own_rows = "line"`; None otherwise, and for a failed member)."""
 
     agent: Agent
     evaluation: Evaluation | None
@@ -44,6 +45,7 @@ class MemberResult:
     wall_s: float = 0.0
     failure: Failure | None = None
     retries: list[Failure] = field(default_factory=list)
+    line: LineState | None = None
 
     @property
     def failed(self) -> bool:
@@ -64,9 +66,11 @@ class Scheduler(Protocol):
         """The run's shared store, placed where this backend's members reach it."""
 
     def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
-                       generation: int = 0) -> list[MemberResult]:
+                       generation: int = 0, lines: dict[int, LineState] | None = None) -> list[MemberResult]:
         """Train each agent for `steps` and evaluate it; results in the order of `agents`, failed
-        members included (`MemberResult.failure`). `generation` seeds the members' replay views."""
+        members included (`MemberResult.failure`). `generation` seeds the members' replay views;
+        `lines` holds their line stores by member index (`replay.own_rows = "line"`), and each
+        result carries the new one."""
 
     def close(self) -> None:
         """Release workers and services."""
@@ -135,9 +139,10 @@ def member_context(context: AgentContext, replay: Replay | None) -> AgentContext
     return replace(context, replay=replay)
 
 
-def member_view(context: AgentContext, basis: ViewBasis, seed: Any) -> MemberView:
-    """A member's view of the run's shared store for one generation, drawn as the run asks (`own_share`)."""
-    return MemberView(context.replay, basis, seed, context.own_share)
+def member_view(context: AgentContext, basis: ViewBasis, seed: Any, line: LineState | None = None) -> MemberView:
+    """A member's view of the run's shared store for one generation, drawn as the run asks (`own_share`,
+    `own_rows`); `line` is the member's line store (`own_rows = "line"`), None for an empty one."""
+    return MemberView(context.replay, basis, seed, context.own_share, context.own_rows, line)
 
 
 def failed_result(agent: Agent, failure: Failure, wall_s: float = 0.0,

@@ -18,7 +18,7 @@ from evo.faults import Failure, ResourceRequestError
 from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
-from evo.replay.view import commit_views, view_seed
+from evo.replay.view import LineState, commit_views, view_seed
 from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
 
 __all__ = ["InlineScheduler", "inline_device"]
@@ -61,14 +61,16 @@ class InlineScheduler:
         return build_replay(spec, seed, distributed=False)
 
     def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
-                       generation: int = 0, evaluate: bool = True) -> list[MemberResult]:
+                       generation: int = 0, evaluate: bool = True,
+                       lines: dict[int, LineState] | None = None) -> list[MemberResult]:
         """See `Scheduler.run_generation`; `evaluate=False` (an async rung judged on a training metric)
         trains without evaluating, except fused groups (sync only), whose evaluation is one program."""
+        lines = lines or {}
         observer = observer or RunObserver()
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None
         results, staged = [], []
-        prepared = [self._prepare(agent, basis, generation) for agent in agents] if self.fused else []
+        prepared = [self._prepare(agent, basis, generation, lines.get(agent.index)) for agent in agents] if self.fused else []
         if self.fused:
             for agent in agents:
                 observer.member_event(agent.index, "training", {})
@@ -79,7 +81,7 @@ class InlineScheduler:
                 metrics, evaluation, wall, failure = outcomes[pos]
             else:
                 observer.member_event(agent.index, "training", {})
-                context, member, start, view = self._prepare(agent, basis, generation)
+                context, member, start, view = self._prepare(agent, basis, generation, lines.get(agent.index))
                 metrics, evaluation, wall, failure = attempt_member(
                     member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),
                     evaluate=evaluate)
@@ -91,20 +93,23 @@ class InlineScheduler:
                 results.append(failed_result(before, f, wall))
                 observer.member_event(agent.index, "failed", {"error": f"{kind}: {message}", "kind": kind})
                 continue
+            line = None
             if view is not None:
                 staged.append((agent.index, view.staged()))
+                line = view.line_state()
                 member = type(agent).from_state(member.get_state(), context)  # let go of the view
-            results.append(MemberResult(member, evaluation, metrics, wall))
+            results.append(MemberResult(member, evaluation, metrics, wall, line=line))
             observer.member_event(agent.index, "done", done_event(evaluation, wall, steps))
         if shared is not None:
             commit_views(shared, staged)
         return results
 
-    def _prepare(self, agent: Agent, basis: Any, generation: int) -> tuple[AgentContext, Agent, Any, Any]:
+    def _prepare(self, agent: Agent, basis: Any, generation: int,
+                 line: LineState | None = None) -> tuple[AgentContext, Agent, Any, Any]:
         """(context, the member to train, its start state if trained in place, its replay view)."""
         context = self.context or getattr(agent, "context", AgentContext())
         if basis is not None:
-            view = member_view(context, basis, view_seed(context.seed, agent.index, generation))
+            view = member_view(context, basis, view_seed(context.seed, agent.index, generation), line)
             return context, type(agent).from_state(agent.get_state(), member_context(context, view)), None, view
         # trained in place; its start state kept in case it fails
         return context, agent, clone_tree(agent.get_state()), None

@@ -50,7 +50,7 @@ from evo.fused.remote import FusedJobs
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.staging import ViewBasis
-from evo.replay.view import commit_views, view_seed
+from evo.replay.view import LineState, commit_views, view_seed
 from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
 from evo.scheduler.cluster import init_ray
 
@@ -130,9 +130,9 @@ class _MemberWorker:
         return os.getpid()
 
     def run(self, state: dict[str, Any], steps: int, basis: ViewBasis | None,
-            seed: np.random.SeedSequence, evaluate: bool = True) -> dict[str, Any]:
+            seed: np.random.SeedSequence, evaluate: bool = True, line: LineState | None = None) -> dict[str, Any]:
         start = time.perf_counter()
-        view = member_view(self.context, basis, seed) if basis is not None else None
+        view = member_view(self.context, basis, seed, line) if basis is not None else None
         agent = self.cls.from_state(state, member_context(self.context, view) if view is not None else self.context)
         load_s = time.perf_counter() - start
         began_at = time.time()
@@ -144,6 +144,7 @@ class _MemberWorker:
         out = to_cpu(agent.get_state())
         return {"failure": None, "state": out, "metrics": metrics, "evaluation": evaluation,
                 "wall_s": wall, "staged": view.staged() if view is not None else None,
+                "line": view.line_state() if view is not None else None,
                 "load_s": load_s, "save_s": time.perf_counter() - start, "node_id": self.info["node_id"], "span": span}
 
     def run_fused(self, trainer: Any, states: list[Any], steps: int, basis: ViewBasis | None,
@@ -257,9 +258,14 @@ class RayScheduler:
         return fresh
 
     def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
-                       generation: int = 0) -> list[MemberResult]:
+                       generation: int = 0, lines: dict[int, LineState] | None = None) -> list[MemberResult]:
         import ray
         from ray.exceptions import RayError, RayTaskError
+
+        if lines is not None and self.fused is not None:
+            raise ValueError("replay.own_rows = 'line' is not supported with fused groups on the Ray backend "
+                             "(resources.fused): use the inline backend or unfused members")
+        lines = lines or {}
 
         began, began_at = time.perf_counter(), time.time()
         observer = observer or RunObserver()
@@ -348,7 +354,8 @@ class RayScheduler:
                 deadline = math.inf if busy(worker) else None  # queued: its timeout starts when it does
                 job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members
                 seeds = [view_seed(self.context.seed, agents[pos].index, generation) for pos in job]
-                refs = ([worker.run.remote(states[job[0]], steps, basis, seeds[0])] if len(job) == 1 else
+                refs = ([worker.run.remote(states[job[0]], steps, basis, seeds[0], True,
+                                           lines.get(agents[job[0]].index))] if len(job) == 1 else
                         worker.run_fused.options(num_returns=len(job)).remote(self.fused, [states[p] for p in job],
                                                                                steps, basis, seeds))
                 for pos, ref in zip(job, refs):  # each member of a job has its own result: faults stay per member
@@ -450,7 +457,8 @@ class RayScheduler:
                 pid, began, ended = out["span"]
                 self.sync_spans.append((pid, began - out.get("load_s", 0.0), ended))
             agent.index = index
-            results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos])
+            results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos],
+                                        out.get("line"))
             if out["staged"] is not None:
                 staged.append((index, out["staged"]))
             observer.member_event(index, "done", done_event(out["evaluation"], out["wall_s"], steps))
