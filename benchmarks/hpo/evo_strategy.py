@@ -199,6 +199,13 @@ TRUNCATE_HP_OWN = {**TRUNCATE_HP, "replay.own_share": 0.5}
 # evo-truncate-hp3): own data with the smaller step
 TRUNCATE_HP3_OWN = {**TRUNCATE_HP_OWN, "mutation.rl_hp_count": 3}
 
+# `evo-truncate-hp-line`: evo-truncate-hp where every batch a member draws comes from its line store
+# (replay.own_rows = "line", own_share = 1, once it holds a batch's worth): every row its line inserted,
+# kept across generations and copied to a clone, as each PBT trial keeps a store of its own and copies
+# its parent's on exploit. evo-truncate-hp-own reached CartPole's target as often as the peers but held it
+# less often; this tells whether the others' data is why
+TRUNCATE_HP_LINE = {**TRUNCATE_HP, "replay.own_share": 1.0, "replay.own_rows": "line"}
+
 # `evo-pbt-own`: evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range with
 # probability 0.25 instead of growing or shrinking it (mutation.rl_hp_resample: PBT's resample_probability,
 # its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
@@ -221,7 +228,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-lines-explore": LINES_EXPLORE, "evo-truncate": TRUNCATE,
                           "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3,
                           "evo-truncate-hp-own": TRUNCATE_HP_OWN,
-                          "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-pbt-own": PBT_OWN}.items()}
+                          "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-truncate-hp-line": TRUNCATE_HP_LINE,
+                          "evo-pbt-own": PBT_OWN}.items()}
 
 
 def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
