@@ -206,6 +206,10 @@ TRUNCATE_HP3_OWN = {**TRUNCATE_HP_OWN, "mutation.rl_hp_count": 3}
 # less often; this tells whether the others' data is why
 TRUNCATE_HP_LINE = {**TRUNCATE_HP, "replay.own_share": 1.0, "replay.own_rows": "line"}
 
+# `evo-truncate-hp-own-line`: evo-truncate-hp-own whose own half of each batch comes from the member's line
+# store, not from its rows of this generation: the other half is still every member's data
+TRUNCATE_HP_OWN_LINE = {**TRUNCATE_HP_OWN, "replay.own_rows": "line"}
+
 # `evo-pbt-own`: evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range with
 # probability 0.25 instead of growing or shrinking it (mutation.rl_hp_resample: PBT's resample_probability,
 # its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
@@ -229,6 +233,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-truncate-hp": TRUNCATE_HP, "evo-truncate-hp3": TRUNCATE_HP3,
                           "evo-truncate-hp-own": TRUNCATE_HP_OWN,
                           "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-truncate-hp-line": TRUNCATE_HP_LINE,
+                          "evo-truncate-hp-own-line": TRUNCATE_HP_OWN_LINE,
                           "evo-pbt-own": PBT_OWN}.items()}
 
 
