@@ -276,7 +276,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     workers = check_cluster(res, exp.population.size)  # an impossible request fails now, not after timeout_s
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
     context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, own_share=exp.replay.own_share,
-                               own_rows=exp.replay.own_rows)
+                           own_rows=exp.replay.own_rows)
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
                         res.timeout_s, res.max_failures, res.custom_resources, res.placement,
                         fused=_fused_trainer(exp)), context
