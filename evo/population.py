@@ -325,8 +325,11 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             break
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
-        results = scheduler.run_generation([m.agent for m in members], exp.population.steps_per_generation, observer,
-                                           generation=generation, **({"lines": line_stores} if line_stores is not None else {}))
+        resting = resting_member(store, generation - 1, members) if exp.selection.rest_elite else None
+        steps = [0 if m.index == resting else exp.population.steps_per_generation for m in members]
+        results = scheduler.run_generation([m.agent for m in members], steps if resting is not None else steps[0],
+                                           observer, generation=generation,
+                                           **({"lines": line_stores} if line_stores is not None else {}))
         record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []
         for member, result in zip(members, results):
@@ -337,16 +340,18 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             scores.append(score)
             line = lines.setdefault(member.index, [])
             before = line[-1].compute if line else Compute()
-            after = before + Compute(0.0, 0.0, result.wall_s) if result.failed else \
+            rested = member.index == resting
+            after = before + Compute(0.0, 0.0, result.wall_s) if result.failed or rested else \
                 round_compute(before, exp.population.steps_per_generation, result.train_metrics, result.wall_s)
             spent = spent + (after - before)
+            train_metrics = {**result.train_metrics, "rested": 1.0} if rested else result.train_metrics
             if not result.failed:
-                if line:
+                if line and not rested:  # a resting round changed no hyperparameter's outcome: not a PB2 observation
                     observations.append((dict(member.record.hparams), generation, score - line[-1].score))
                 line.append(LinePoint(after, score, secondary_value(exp.selection.secondary, result.evaluation.metrics,
                                                                     result.train_metrics)))
             evaluated.append(EvaluatedMember(member.record, float(result.evaluation.fitness), score,
-                                             dict(result.evaluation.metrics), result.train_metrics,
+                                             dict(result.evaluation.metrics), train_metrics,
                                              member.agent.get_state(), result.wall_s, compute=after))
         # of the members that trained (a failed one holds its start state)
         diversity = measure_diversity({ev.record.index: ev.state for ev, r in zip(evaluated, results) if not r.failed})
@@ -364,6 +369,16 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         if reached_stop_score(store, exp, generation):
             break
     store.set(status="completed")
+
+
+def resting_member(store: RunStore, previous: int, members: list[Member]) -> int | None:
+    """`selection.rest_elite`: the index of the member that rests this generation — the highest-scoring
+    member of generation `previous` (ties: the lowest index, the store's order) that is still in the
+    population, i.e. survived selection in its own slot; None in generation 0 or when none did. Read
+    from the run store, so a resumed run rests the member the interrupted one would have."""
+    present = {m.index for m in members}
+    rows = store.evaluations(previous) if previous >= 0 else []
+    return next((row["index"] for row in rows if row["index"] in present and math.isfinite(float(row["score"]))), None)
 
 
 def inherited_lines(line_stores: dict[int, Any], members: list[Member], results: list[MemberResult],

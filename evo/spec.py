@@ -137,6 +137,11 @@ class SelectionSpec(_Strict):
                                                          "clones of the highest-scoring ones, and every other member "
                                                          "trains on unmutated (PBT's exploit rule; at most half the "
                                                          "population)")
+    rest_elite: bool = Field(default=False, description="sync: the highest-scoring member of a generation that survives "
+                                                        "into the next is evaluated there without training (it rests) "
+                                                        "until another member outscores it; its clones train on. The "
+                                                        "best weights found are not lost to later training, and a "
+                                                        "resting round spends no budget but its evaluation")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
     champion: bool = Field(default=False, description="async: the best state evaluated so far (by score) is kept out "
@@ -293,6 +298,11 @@ class ExperimentSpec(_Strict):
                              f"(keep_unbeaten, founder_lines, replace_worst: truncation replaces the tournaments), "
                              f"found mode {self.population.mode!r}, keep_unbeaten {self.selection.keep_unbeaten}, "
                              f"founder_lines {self.selection.founder_lines}, replace_worst {self.selection.replace_worst}")
+        if self.selection.rest_elite and (self.population.mode != "sync" or self.resources.fused):
+            raise ValueError(f"selection.rest_elite: expected population.mode = 'sync' and resources.fused = false (a "
+                             f"resting member skips a generation's training; fused members train in step; async "
+                             f"runs keep theirs with selection.champion), found mode {self.population.mode!r}, "
+                             f"fused {self.resources.fused}")
         if self.replay.own_rows == "line" and self.population.mode != "sync":
             raise ValueError("replay.own_rows = 'line': expected population.mode = 'sync' (line stores pass from "
                              "generation to generation), found mode 'async'")

@@ -15,8 +15,9 @@ and the generation loop gives it fitness −inf. Only a lost worker is retried.
 from __future__ import annotations
 
 import math
+import numbers
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ from evo.replay.staging import ViewBasis
 from evo.replay.view import LineState, MemberView
 
 __all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event",
-           "member_context", "failed_result"]
+           "member_context", "failed_result", "steps_of_members"]
 
 
 @dataclass
@@ -65,9 +66,10 @@ class Scheduler(Protocol):
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
         """The run's shared store, placed where this backend's members reach it."""
 
-    def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
+    def run_generation(self, agents: list[Agent], steps: int | Sequence[int], observer: RunObserver | None = None,
                        generation: int = 0, lines: dict[int, LineState] | None = None) -> list[MemberResult]:
-        """Train each agent for `steps` and evaluate it; results in the order of `agents`, failed
+        """Train each agent for `steps` (one count for all, or one per agent: 0 evaluates a member
+        without training it, `selection.rest_elite`) and evaluate it; results in the order of `agents`, failed
         members included (`MemberResult.failure`). `generation` seeds the members' replay views;
         `lines` holds their line stores by member index (`replay.own_rows = "line"`), and each
         result carries the new one."""
@@ -82,8 +84,10 @@ def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None]
     (train metrics, evaluation, wall seconds), the evaluation None with `evaluate=False`. Raises
     `Diverged` when a loss metric, a parameter or the fitness is not finite."""
     start = time.perf_counter()
-    metrics = dict(agent.train(steps) or {})
-    check_trained(agent, metrics)
+    metrics: dict[str, float] = {}
+    if steps > 0:  # 0: a resting member (selection.rest_elite) is evaluated as it is
+        metrics = dict(agent.train(steps) or {})
+        check_trained(agent, metrics)
     if not evaluate:
         return metrics, None, time.perf_counter() - start
     if on_evaluate is not None:
@@ -92,6 +96,16 @@ def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None]
     if not math.isfinite(float(evaluation.fitness)):
         raise Diverged(f"fitness is {evaluation.fitness}")
     return metrics, evaluation, time.perf_counter() - start
+
+
+def steps_of_members(steps: int | Sequence[int], n: int) -> list[int]:
+    """`run_generation`'s `steps` as one count per member of `n`: a single count is everyone's."""
+    if isinstance(steps, numbers.Integral):
+        return [int(steps)] * n
+    out = [int(s) for s in steps]
+    if len(out) != n or any(s < 0 for s in out):
+        raise ValueError(f"steps: expected {n} counts, none negative, found {out}")
+    return out
 
 
 def check_trained(agent: Agent, metrics: dict[str, float]) -> None:

@@ -10,6 +10,7 @@ without one the request is refused before anything starts, as the Ray backend re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from evo.agent import Agent, AgentContext, clone_tree
@@ -19,7 +20,15 @@ from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.view import LineState, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
+from evo.scheduler.base import (
+    MemberResult,
+    attempt_member,
+    done_event,
+    failed_result,
+    member_context,
+    member_view,
+    steps_of_members,
+)
 
 __all__ = ["InlineScheduler", "inline_device"]
 
@@ -60,12 +69,15 @@ class InlineScheduler:
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:
         return build_replay(spec, seed, distributed=False)
 
-    def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
+    def run_generation(self, agents: list[Agent], steps: int | Sequence[int], observer: RunObserver | None = None,
                        generation: int = 0, evaluate: bool = True,
                        lines: dict[int, LineState] | None = None) -> list[MemberResult]:
         """See `Scheduler.run_generation`; `evaluate=False` (an async rung judged on a training metric)
         trains without evaluating, except fused groups (sync only), whose evaluation is one program."""
         lines = lines or {}
+        per_member = steps_of_members(steps, len(agents))
+        if self.fused and len(set(per_member)) > 1:
+            raise ValueError(f"steps: fused members train in step, expected one count for all, found {per_member}")
         observer = observer or RunObserver()
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None
@@ -74,7 +86,8 @@ class InlineScheduler:
         if self.fused:
             for agent in agents:
                 observer.member_event(agent.index, "training", {})
-            outcomes = attempt_fused(self.fused, [p[1] for p in prepared], steps, lambda m: attempt_member(m, steps))
+            count = per_member[0] if per_member else 0
+            outcomes = attempt_fused(self.fused, [p[1] for p in prepared], count, lambda m: attempt_member(m, count))
         for pos, agent in enumerate(agents):
             if self.fused:
                 context, member, start, view = prepared[pos]
@@ -83,7 +96,7 @@ class InlineScheduler:
                 observer.member_event(agent.index, "training", {})
                 context, member, start, view = self._prepare(agent, basis, generation, lines.get(agent.index))
                 metrics, evaluation, wall, failure = attempt_member(
-                    member, steps, on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),
+                    member, per_member[pos], on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),
                     evaluate=evaluate)
             if failure is not None:
                 kind, message = failure
@@ -99,7 +112,7 @@ class InlineScheduler:
                 line = view.line_state()
                 member = type(agent).from_state(member.get_state(), context)  # let go of the view
             results.append(MemberResult(member, evaluation, metrics, wall, line=line))
-            observer.member_event(agent.index, "done", done_event(evaluation, wall, steps))
+            observer.member_event(agent.index, "done", done_event(evaluation, wall, per_member[pos]))
         if shared is not None:
             commit_views(shared, staged)
         return results

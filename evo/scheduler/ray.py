@@ -37,6 +37,7 @@ import math
 import time
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +52,15 @@ from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec, build_replay
 from evo.replay.staging import ViewBasis
 from evo.replay.view import LineState, commit_views, view_seed
-from evo.scheduler.base import MemberResult, attempt_member, done_event, failed_result, member_context, member_view
+from evo.scheduler.base import (
+    MemberResult,
+    attempt_member,
+    done_event,
+    failed_result,
+    member_context,
+    member_view,
+    steps_of_members,
+)
 from evo.scheduler.cluster import init_ray
 
 __all__ = ["RayScheduler", "init_ray", "PLACEMENTS", "to_cpu"]
@@ -257,7 +266,7 @@ class RayScheduler:
         self.workers.append(fresh)
         return fresh
 
-    def run_generation(self, agents: list[Agent], steps: int, observer: RunObserver | None = None,
+    def run_generation(self, agents: list[Agent], steps: int | Sequence[int], observer: RunObserver | None = None,
                        generation: int = 0, lines: dict[int, LineState] | None = None) -> list[MemberResult]:
         import ray
         from ray.exceptions import RayError, RayTaskError
@@ -266,6 +275,9 @@ class RayScheduler:
             raise ValueError("replay.own_rows = 'line' is not supported with fused groups on the Ray backend "
                              "(resources.fused): use the inline backend or unfused members")
         lines = lines or {}
+        per_member = steps_of_members(steps, len(agents))
+        if self.fused is not None and len(set(per_member)) > 1:
+            raise ValueError(f"steps: fused members train in step, expected one count for all, found {per_member}")
 
         began, began_at = time.perf_counter(), time.time()
         observer = observer or RunObserver()
@@ -354,10 +366,10 @@ class RayScheduler:
                 deadline = math.inf if busy(worker) else None  # queued: its timeout starts when it does
                 job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members
                 seeds = [view_seed(self.context.seed, agents[pos].index, generation) for pos in job]
-                refs = ([worker.run.remote(states[job[0]], steps, basis, seeds[0], True,
+                refs = ([worker.run.remote(states[job[0]], per_member[job[0]], basis, seeds[0], True,
                                            lines.get(agents[job[0]].index))] if len(job) == 1 else
                         worker.run_fused.options(num_returns=len(job)).remote(self.fused, [states[p] for p in job],
-                                                                               steps, basis, seeds))
+                                                                               per_member[job[0]], basis, seeds))
                 for pos, ref in zip(job, refs):  # each member of a job has its own result: faults stay per member
                     attempts[pos] += 1
                     pending[ref] = (pos, worker, deadline or time.monotonic() + self.timeout_s * len(job))
@@ -461,7 +473,7 @@ class RayScheduler:
                                         out.get("line"))
             if out["staged"] is not None:
                 staged.append((index, out["staged"]))
-            observer.member_event(index, "done", done_event(out["evaluation"], out["wall_s"], steps))
+            observer.member_event(index, "done", done_event(out["evaluation"], out["wall_s"], per_member[pos]))
         clock = time.perf_counter()
         if shared is not None:
             commit_views(shared, staged)

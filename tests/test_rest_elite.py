@@ -1,0 +1,150 @@
+"""`selection.rest_elite` (docs/experiments.md): the highest-scoring member of a generation that
+survives into the next is evaluated there without training, until another member outscores it;
+its clones train on. Scheduler-level tests use a minimal real agent inline and on real Ray actors;
+the engine test runs the real `evo` command with the shipped CartPole EfficientZero file, and resumes it.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+import tomllib
+
+from evo.agent import AgentContext, Evaluation
+from evo.observer import RunObserver
+from evo.runstore import RunStore
+from evo.scheduler.base import steps_of_members
+from evo.scheduler.inline import InlineScheduler
+from evo.spec import ExperimentSpec
+from tests.conftest import REPO, run_evo
+
+
+class _Rounds:
+    """A minimal real agent that counts the steps it trained; its fitness is that count."""
+
+    kind = "tests.test_rest_elite:_Rounds"
+
+    def __init__(self, index: int, context: AgentContext, trained: int = 0) -> None:
+        self.index, self.context, self.trained = index, context, trained
+        self.arch, self.hparams = {}, {}
+
+    def train(self, steps: int) -> dict[str, float]:
+        if steps <= 0:
+            raise AssertionError("a resting member must not be trained at all")
+        self.trained += steps
+        return {"trained": float(self.trained)}
+
+    def evaluate(self) -> Evaluation:
+        return Evaluation(float(self.trained))
+
+    def get_state(self) -> dict:
+        return {"index": self.index, "trained": self.trained}
+
+    @classmethod
+    def from_state(cls, state: dict, context: AgentContext) -> _Rounds:
+        return cls(int(state["index"]), context, int(state["trained"]))
+
+
+class _Done(RunObserver):
+    def __init__(self) -> None:
+        self.steps: dict[int, int] = {}
+
+    def member_event(self, index: int, event: str, details: dict) -> None:
+        if event == "done":
+            self.steps[index] = details["steps"]
+
+
+def _check_one_rests(results, observer: _Done) -> None:
+    assert [r.agent.trained for r in results] == [5, 0, 5]
+    assert [r.evaluation.fitness for r in results] == [5.0, 0.0, 5.0]
+    assert results[1].train_metrics == {} and results[0].train_metrics == {"trained": 5.0}
+    assert observer.steps == {0: 5, 1: 0, 2: 5}  # what each member trained, for budgets and curves
+
+
+def test_the_inline_scheduler_trains_each_member_for_its_own_steps() -> None:
+    context = AgentContext(seed=0)
+    observer = _Done()
+    results = InlineScheduler(threads=None, context=context).run_generation(
+        [_Rounds(i, context) for i in range(3)], [5, 0, 5], observer)
+    _check_one_rests(results, observer)
+
+
+def test_ray_members_train_for_their_own_steps_as_inline_ones_do(ray_cluster) -> None:
+    from evo.scheduler.ray import RayScheduler
+
+    context = AgentContext(seed=0)
+    scheduler = RayScheduler(_Rounds, context, num_workers=2, cpus_per_member=1, timeout_s=600)
+    try:
+        observer = _Done()
+        _check_one_rests(scheduler.run_generation([_Rounds(i, context) for i in range(3)], [5, 0, 5], observer), observer)
+    finally:
+        scheduler.close()
+
+
+def test_steps_per_member_are_checked() -> None:
+    assert steps_of_members(np.int64(7), 2) == [7, 7]
+    assert steps_of_members((3, 0), 2) == [3, 0]
+    with pytest.raises(ValueError, match="expected 3 counts"):
+        steps_of_members([1, 2], 3)
+    with pytest.raises(ValueError, match="none negative"):
+        steps_of_members([1, -1], 2)
+
+
+def _cartpole() -> dict:
+    data = tomllib.loads((REPO / "experiments" / "cartpole_efficientzero.toml").read_text())
+    data["selection"] = {**data.get("selection", {}), "rest_elite": True}
+    return data
+
+
+def test_rest_elite_needs_synchronous_unfused_generations() -> None:
+    data = _cartpole()
+    ExperimentSpec.model_validate(data)
+    for key, value in (("population", {"mode": "async"}), ("resources", {"fused": True})):
+        bad = _cartpole()
+        bad[key] = {**bad.get(key, {}), **value}
+        with pytest.raises(ValueError, match="selection.rest_elite"):
+            ExperimentSpec.model_validate(bad)
+
+
+def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path: Path) -> None:
+    """The real `evo` command, CartPole EfficientZero inline, truncation selection: from generation 1 on,
+    exactly the best surviving member of the generation before rests. Its counters do not
+    move, its (deterministic) evaluation repeats its fitness, its round spends no env steps, and a
+    resumed run rests the member the interrupted one would have."""
+    data = _cartpole()
+    data["population"].update({"size": 3, "generations": 2, "steps_per_generation": 160})
+    data["agent"]["task"].update({"num_envs": 2, "eval_episodes": 4, "min_replay": 16})
+    data["agent"]["hparams"].update({"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}})
+    data["selection"].update({"truncation": 1, "keep_unbeaten": False, "founder_lines": 0, "replace_worst": 0})
+    data["backend"] = "inline"
+    (tmp_path / "cartpole_efficientzero.toml").write_text(tomli_w.dumps(data))
+    proc = run_evo(["run", "cartpole_efficientzero.toml", "--seed", "5"], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_evo(["resume", "cartpole_efficientzero", "--generations", "3"], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    store = RunStore.open("cartpole_efficientzero", tmp_path / "runs")
+    try:
+        boards = [store.evaluations(g) for g in range(3)]
+        spent = store.spent()
+    finally:
+        store.close()
+    assert not any(row["train_metrics"].get("rested") for row in boards[0])  # generation 0: everyone trains
+    for g in (1, 2):  # generation 2 ran after the resume
+        present = {row["index"] for row in boards[g]}
+        expected = next(row["index"] for row in boards[g - 1] if row["index"] in present)
+        rested = [row for row in boards[g] if row["train_metrics"].get("rested")]
+        assert [row["index"] for row in rested] == [expected]
+        previous = next(row for row in boards[g - 1] if row["index"] == expected)
+        # the counters its evaluation reports did not move: not one env step or gradient update
+        for counter in ("env_steps", "updates"):
+            assert rested[0]["metrics"][counter] == previous["metrics"][counter] > 0
+        assert math.isclose(rested[0]["fitness"], previous["fitness"])
+        trained = [row for row in boards[g] if not row["train_metrics"].get("rested")]
+        assert trained and all(row["train_metrics"]["env_steps"] > 0 for row in trained)
+    # three members' rounds in generation 0, two in each of the two after (one rests): 7 rounds of 160
+    assert spent.env_steps == pytest.approx(7 * 160, abs=2 * 7)
