@@ -6,7 +6,8 @@
 NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut, evo-seconds,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
 evo-lines, evo-explore, evo-lines-explore, evo-truncate, evo-truncate-hp, evo-truncate-hp3,
-evo-truncate-hp-own, evo-truncate-hp3-own, evo-truncate-hp-line, evo-truncate-hp-own-line, evo-pbt-own;
+evo-truncate-hp-own, evo-truncate-hp3-own, evo-truncate-hp-line, evo-truncate-hp-own-line,
+evo-truncate-hp-own-rest, evo-pbt-own;
 `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
@@ -61,6 +62,8 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                                      "and copied to clones, as PBT's trials keep a store each",
              "evo-truncate-hp-own-line": "evo-truncate-hp-own whose own half of each batch comes from the member's "
                                          "line store (replay.own_rows = 'line'), not its rows of this generation",
+             "evo-truncate-hp-own-rest": "evo-truncate-hp-own whose best member rests (selection.rest_elite): "
+                                         "evaluated, not trained, until another outscores it; its clone trains on",
              "evo-pbt-own": "evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range "
                             "with probability 0.25 (mutation.rl_hp_resample: PBT's resample_probability)"}
 
