@@ -372,13 +372,16 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
 
 
 def resting_member(store: RunStore, previous: int, members: list[Member]) -> int | None:
-    """`selection.rest_elite`: the index of the member that rests this generation — the highest-scoring
-    member of generation `previous` (ties: the lowest index, the store's order) that is still in the
-    population, i.e. survived selection in its own slot; None in generation 0 or when none did. Read
-    from the run store, so a resumed run rests the member the interrupted one would have."""
+    """`selection.rest_elite`: the index of the member that rests this generation — of the members of
+    generation `previous` still in the population (survivors in their own slots), the one whose last
+    evaluation was highest (ties: the lowest index); None in generation 0 or when none survived. Its
+    fitness, not its score: what rests is the state that evaluation measured, where a score over a
+    fitness window also averages earlier states' (a member that just reached 500 from 12 scores 256).
+    Read from the run store, so a resumed run rests the member the interrupted one would have."""
     present = {m.index for m in members}
-    rows = store.evaluations(previous) if previous >= 0 else []
-    return next((row["index"] for row in rows if row["index"] in present and math.isfinite(float(row["score"]))), None)
+    rows = [row for row in (store.evaluations(previous) if previous >= 0 else [])
+            if row["index"] in present and math.isfinite(float(row["fitness"]))]
+    return min(rows, key=lambda row: (-float(row["fitness"]), row["index"]))["index"] if rows else None
 
 
 def inherited_lines(line_stores: dict[int, Any], members: list[Member], results: list[MemberResult],

@@ -137,9 +137,10 @@ class SelectionSpec(_Strict):
                                                          "clones of the highest-scoring ones, and every other member "
                                                          "trains on unmutated (PBT's exploit rule; at most half the "
                                                          "population)")
-    rest_elite: bool = Field(default=False, description="sync: the highest-scoring member of a generation that survives "
-                                                        "into the next is evaluated there without training (it rests) "
-                                                        "until another member outscores it; its clones train on. The "
+    rest_elite: bool = Field(default=False, description="sync: of a generation's members that survive into the next, "
+                                                        "the one with the best last evaluation is evaluated there "
+                                                        "without training (it rests) until another member evaluates "
+                                                        "higher; its clones train on. The "
                                                         "best weights found are not lost to later training, and a "
                                                         "resting round spends no budget but its evaluation")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "

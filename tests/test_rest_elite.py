@@ -112,7 +112,7 @@ def test_rest_elite_needs_synchronous_unfused_generations() -> None:
 
 def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path: Path) -> None:
     """The real `evo` command, CartPole EfficientZero inline, truncation selection: from generation 1 on,
-    exactly the best surviving member of the generation before rests. Its counters do not
+    exactly the surviving member with the best last evaluation of the generation before rests. Its counters do not
     move, its (deterministic) evaluation repeats its fitness, its round spends no env steps, and a
     resumed run rests the member the interrupted one would have."""
     data = _cartpole()
@@ -136,7 +136,8 @@ def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path:
     assert not any(row["train_metrics"].get("rested") for row in boards[0])  # generation 0: everyone trains
     for g in (1, 2):  # generation 2 ran after the resume
         present = {row["index"] for row in boards[g]}
-        expected = next(row["index"] for row in boards[g - 1] if row["index"] in present)
+        expected = min((row for row in boards[g - 1] if row["index"] in present),
+                       key=lambda row: (-row["fitness"], row["index"]))["index"]
         rested = [row for row in boards[g] if row["train_metrics"].get("rested")]
         assert [row["index"] for row in rested] == [expected]
         previous = next(row for row in boards[g - 1] if row["index"] == expected)
@@ -148,3 +149,34 @@ def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path:
         assert trained and all(row["train_metrics"]["env_steps"] > 0 for row in trained)
     # three members' rounds in generation 0, two in each of the two after (one rests): 7 rounds of 160
     assert spent.env_steps == pytest.approx(7 * 160, abs=2 * 7)
+
+
+class _Board:
+    """The one run-store read `resting_member` makes: a generation's evaluations, best score first."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def evaluations(self, generation: int) -> list[dict]:
+        return self.rows if generation == 0 else []
+
+
+def test_the_member_that_rests_is_the_survivor_with_the_best_last_evaluation() -> None:
+    from types import SimpleNamespace
+
+    from evo.population import resting_member
+
+    def members(*indices: int) -> list:
+        return [SimpleNamespace(index=i) for i in indices]
+
+    # scores over a fitness window of 2: member 2 just went from 12 to 500, so it scores 256 and
+    # member 1 (290) is first by score; it is member 2's weights that evaluated at 500, so they rest
+    board = _Board([{"index": 1, "score": 290.0, "fitness": 305.0}, {"index": 2, "score": 256.0, "fitness": 500.0},
+                    {"index": 0, "score": 20.0, "fitness": 39.0}])
+    assert resting_member(board, 0, members(0, 1, 2)) == 2
+    assert resting_member(board, 0, members(0, 1, 5)) == 1  # member 2 was replaced: the best survivor rests
+    assert resting_member(board, 0, members(5, 6)) is None  # no survivor
+    assert resting_member(board, -1, members(0, 1, 2)) is None  # generation 0: everyone trains
+    tie = _Board([{"index": 3, "score": 500.0, "fitness": 500.0}, {"index": 1, "score": 480.0, "fitness": 500.0},
+                  {"index": 4, "score": -math.inf, "fitness": -math.inf}])
+    assert resting_member(tie, 0, members(1, 3, 4)) == 1  # a tie goes to the lowest index; a failed member never rests
