@@ -245,8 +245,8 @@ def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
     assert 0 < len(redrawn) < len(mutable)
 
 
-def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own():
-    """docs/experiments.md names `evo-truncate-hp-own` as a recipe a user copies: its TOML must be the variant's settings."""
+def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own_rest():
+    """docs/experiments.md names `evo-truncate-hp-own-rest` as a recipe a user copies: its TOML must be the variant's settings."""
     import textwrap
 
     import tomllib
@@ -259,7 +259,7 @@ def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own():
     block = block[:block.index("\n\n")]
     recipe = {f"{table}.{key}": value for table, values in tomllib.loads(textwrap.dedent(block)).items()
               for key, value in values.items()}
-    assert recipe == VARIANTS["evo-truncate-hp-own"]
+    assert recipe == VARIANTS["evo-truncate-hp-own-rest"]
 
 
 def test_selection_counts_reads_children_of_the_plain_tournament_which_record_no_reason():
@@ -556,3 +556,20 @@ def test_an_async_curve_with_rungs_counts_the_steps_of_every_part_and_none_past_
     # then, none past the budget
     assert [(p[0], p[2]) for p in obs.curve] == [(125, 8.0), (225, 8.0)]
     assert obs.trained == 425 and obs.rounds_done == 4
+
+
+def test_a_resting_strategy_runs_the_generations_its_budget_pays_for_and_none_past_it():
+    """evo-truncate-hp-own-rest trains every member in generation 0 and all but one after: it gets more
+    generations than the others, and never spends past the budget every strategy has."""
+    from benchmarks.hpo.common import TASKS, task
+    from benchmarks.hpo.evo_strategy import resting_generations
+
+    def spent(t, generations: int) -> int:
+        return (t.population + (generations - 1) * (t.population - 1)) * t.steps_per_generation
+
+    for name in TASKS:
+        for quick in (False, True):
+            t = task(name, quick)
+            g = resting_generations(t)
+            assert g >= t.generations and spent(t, g) <= t.budget < spent(t, g + 1), (name, quick, g)
+    assert resting_generations(task("cartpole", False)) == 7  # 44,000 of 48,000 env steps

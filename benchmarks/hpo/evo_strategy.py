@@ -249,6 +249,14 @@ def settings(t: Task, overrides: dict[str, Any]) -> dict[str, Any]:
     return {key: value(t) if callable(value) else value for key, value in overrides.items()}
 
 
+def resting_generations(t: Task) -> int:
+    """The generations task `t`'s budget pays for when one member rests from generation 1 on
+    (`selection.rest_elite`): all members train in generation 0, all but one after; none that would
+    pass the budget (the run spends up to a round per member less than it, never more)."""
+    rounds_after_first = t.budget // t.steps_per_generation - t.population
+    return 1 + rounds_after_first // (t.population - 1)
+
+
 def selection_counts(store: Any) -> dict[str, int]:
     """How many children each selection reason made in a run (`selected_by` of every member's mutation:
     "score", "champion", "founder line kept"...): the run store is temporary, so the counts go in the JSON."""
@@ -269,11 +277,7 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
         budget = t.budget
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": 4 * t.generations})
     elif overrides.get("selection.rest_elite"):
-        # one member rests from generation 1 on: the generations the budget pays for, none that would pass it
-        # (the run spends up to a round per member less than the budget, never more)
-        rounds = t.budget // t.steps_per_generation - t.population
-        overrides.update({"population.budget": {"env_steps": t.budget},
-                          "population.generations": 1 + rounds // (t.population - 1)})
+        overrides.update({"population.budget": {"env_steps": t.budget}, "population.generations": resting_generations(t)})
     exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
