@@ -1,7 +1,8 @@
-"""`selection.rest_elite` (docs/experiments.md): the highest-scoring member of a generation that
-survives into the next is evaluated there without training, until another member outscores it;
-its clones train on. Scheduler-level tests use a minimal real agent inline and on real Ray actors;
-the engine test runs the real `evo` command with the shipped CartPole EfficientZero file, and resumes it.
+"""`selection.rest_elite` (docs/experiments.md): of a generation's members that survive into the
+next, the one with the best last evaluation is evaluated there without training, until another
+member evaluates higher; its clones train on. Each backend's part (a member given 0 steps is
+evaluated untrained) is in the scheduler contract (evo/testing/scheduler_contract.py); the engine
+test runs the real `evo` command with the shipped CartPole EfficientZero file, and resumes it.
 """
 
 from __future__ import annotations
@@ -14,75 +15,10 @@ import pytest
 import tomli_w
 import tomllib
 
-from evo.agent import AgentContext, Evaluation
-from evo.observer import RunObserver
 from evo.runstore import RunStore
 from evo.scheduler.base import steps_of_members
-from evo.scheduler.inline import InlineScheduler
 from evo.spec import ExperimentSpec
 from tests.conftest import REPO, run_evo
-
-
-class _Rounds:
-    """A minimal real agent that counts the steps it trained; its fitness is that count."""
-
-    kind = "tests.test_rest_elite:_Rounds"
-
-    def __init__(self, index: int, context: AgentContext, trained: int = 0) -> None:
-        self.index, self.context, self.trained = index, context, trained
-        self.arch, self.hparams = {}, {}
-
-    def train(self, steps: int) -> dict[str, float]:
-        if steps <= 0:
-            raise AssertionError("a resting member must not be trained at all")
-        self.trained += steps
-        return {"trained": float(self.trained)}
-
-    def evaluate(self) -> Evaluation:
-        return Evaluation(float(self.trained))
-
-    def get_state(self) -> dict:
-        return {"index": self.index, "trained": self.trained}
-
-    @classmethod
-    def from_state(cls, state: dict, context: AgentContext) -> _Rounds:
-        return cls(int(state["index"]), context, int(state["trained"]))
-
-
-class _Done(RunObserver):
-    def __init__(self) -> None:
-        self.steps: dict[int, int] = {}
-
-    def member_event(self, index: int, event: str, details: dict) -> None:
-        if event == "done":
-            self.steps[index] = details["steps"]
-
-
-def _check_one_rests(results, observer: _Done) -> None:
-    assert [r.agent.trained for r in results] == [5, 0, 5]
-    assert [r.evaluation.fitness for r in results] == [5.0, 0.0, 5.0]
-    assert results[1].train_metrics == {} and results[0].train_metrics == {"trained": 5.0}
-    assert observer.steps == {0: 5, 1: 0, 2: 5}  # what each member trained, for budgets and curves
-
-
-def test_the_inline_scheduler_trains_each_member_for_its_own_steps() -> None:
-    context = AgentContext(seed=0)
-    observer = _Done()
-    results = InlineScheduler(threads=None, context=context).run_generation(
-        [_Rounds(i, context) for i in range(3)], [5, 0, 5], observer)
-    _check_one_rests(results, observer)
-
-
-def test_ray_members_train_for_their_own_steps_as_inline_ones_do(ray_cluster) -> None:
-    from evo.scheduler.ray import RayScheduler
-
-    context = AgentContext(seed=0)
-    scheduler = RayScheduler(_Rounds, context, num_workers=2, cpus_per_member=1, timeout_s=600)
-    try:
-        observer = _Done()
-        _check_one_rests(scheduler.run_generation([_Rounds(i, context) for i in range(3)], [5, 0, 5], observer), observer)
-    finally:
-        scheduler.close()
 
 
 def test_steps_per_member_are_checked() -> None:

@@ -14,8 +14,9 @@ members several times) and say how to build the backend:
 The checks follow the protocol in evo/scheduler/base.py: results equal training the same members
 in this process and repeat for the same seed; results come back in the order of the input; a
 member that raises fails alone (its result carries a `Failure` of kind "error", fitness −inf and
-its generation-start state) while the others train on; a member over the timeout fails the same
-way (kind "timeout") promptly, while members within it never fail however long the generation.
+its generation-start state) while the others train on; a member given 0 steps (steps per member)
+is evaluated untrained; a member over the timeout fails the same way (kind "timeout") promptly,
+while members within it never fail however long the generation.
 
 Misbehaving members come from `probe_class(agent_class)`, a subclass that raises or sleeps for a
 few reserved member indices, so one backend instance serves most checks. The checks compare
@@ -77,12 +78,19 @@ def probe_class(base: type[Agent]) -> type[Agent]:
 class _Recorder(RunObserver):
     def __init__(self) -> None:
         self.events: list[tuple[int, str]] = []
+        self.steps: dict[int, int] = {}
 
     def member_event(self, index: int, event: str, data: dict[str, Any]) -> None:
         self.events.append((index, event))
+        if event == "done":
+            self.steps[index] = data.get("steps")
 
     def done_order(self) -> list[int]:
         return [i for i, e in self.events if e == "done"]
+
+    def done_steps(self) -> dict[int, int]:
+        """The steps each member's "done" event reported."""
+        return dict(self.steps)
 
 
 class SchedulerContract:
@@ -186,6 +194,25 @@ class SchedulerContract:
                 diffs += metric_differences(got.evaluation.metrics, evaluation.metrics, timings)
                 assert not diffs, f"{where}: metrics differ from training in this process: {diffs}"
                 assert_same_state(got.agent.get_state(), agent.get_state(), f"{where}: the trained member")
+
+    def test_a_member_given_no_steps_is_evaluated_untrained(self) -> None:
+        """Steps per member (`selection.rest_elite` gives the resting one 0): that member is evaluated as
+        it is, the others train, each as in this process; "done" events report each member's steps."""
+        indices = [14, 6]
+        scheduler, _ = self.shared()
+        observer = _Recorder()
+        results = scheduler.run_generation(self.members(indices), [self.train_steps, 0], observer)
+        self.check_succeeded(results, indices)
+        here = self.members(indices, cls=self.agent_class, context=self.make_context())
+        here[0].train(self.train_steps)
+        for pos, agent in enumerate(here):
+            evaluation = agent.evaluate()
+            where = f"member {indices[pos]} given {[self.train_steps, 0][pos]} steps"
+            assert results[pos].evaluation.fitness == evaluation.fitness, (
+                f"{where}: fitness {results[pos].evaluation.fitness}, in this process {evaluation.fitness}")
+            assert_same_state(results[pos].agent.get_state(), agent.get_state(), where)
+        assert results[1].train_metrics == {}, f"an untrained member reports training metrics {results[1].train_metrics}"
+        assert observer.done_steps() == {14: self.train_steps, 6: 0}, f"'done' events said {observer.done_steps()}"
 
     def test_results_come_back_in_input_order(self) -> None:
         indices = [SLOW_INDEX, 21, 5]  # the first finishes last on a parallel backend
