@@ -76,6 +76,29 @@ def evolve_toy(runs_dir: Path, overrides: dict, name: str = "r", backend: str = 
     return store
 
 
+def small_cartpole_truncation_run(cwd: Path, seed: int, selection: dict | None = None, replay: dict | None = None) -> None:
+    """The real `evo run` of the shipped CartPole EfficientZero file, shrunk (3 members × 2 generations
+    of 160 steps, inline, truncation selection) with `selection` and `replay` settings added, then
+    `evo resume` to a third generation: the run store is `cwd`/runs/cartpole_efficientzero."""
+    import tomli_w
+    import tomllib
+
+    data = tomllib.loads((REPO / "experiments" / "cartpole_efficientzero.toml").read_text())
+    data["population"].update({"size": 3, "generations": 2, "steps_per_generation": 160})
+    data["agent"]["task"].update({"num_envs": 2, "eval_episodes": 4, "min_replay": 16})
+    data["agent"]["hparams"].update({"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}})
+    data["selection"] = {**data.get("selection", {}), "truncation": 1, "keep_unbeaten": False, "founder_lines": 0,
+                         "replace_worst": 0, **(selection or {})}
+    if replay:
+        data["replay"] = dict(replay)
+    data["backend"] = "inline"
+    (cwd / "cartpole_efficientzero.toml").write_text(tomli_w.dumps(data))
+    for args in (["run", "cartpole_efficientzero.toml", "--seed", str(seed)],
+                 ["resume", "cartpole_efficientzero", "--generations", "3"]):
+        proc = run_evo(args, cwd, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     shutil.copy(TOY_EXPERIMENT, tmp_path / "toy.toml")

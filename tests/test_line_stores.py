@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomli_w
 import tomllib
 
 from evo.agent import AgentContext, Evaluation
@@ -22,7 +21,7 @@ from evo.replay.view import MemberView, commit_views
 from evo.runstore import RunStore
 from evo.scheduler.inline import InlineScheduler
 from evo.spec import ExperimentSpec
-from tests.conftest import REPO, run_evo
+from tests.conftest import REPO, small_cartpole_truncation_run
 from tests.test_reproducible_replay import SCHEMA, rows, shared
 
 
@@ -192,19 +191,7 @@ def test_a_run_keeps_lines_copies_them_to_clones_and_resumes_with_them(tmp_path:
     slot takes a clone of the best every generation): each line store holds the episodes of its own
     ancestors only (episode id = writer index << 40 | counter), a clone's starts as its parent's, and
     a resumed run continues from the saved lines."""
-    data = tomllib.loads((REPO / "experiments" / "cartpole_efficientzero.toml").read_text())
-    data["population"].update({"size": 3, "generations": 2, "steps_per_generation": 160})
-    data["agent"]["task"].update({"num_envs": 2, "eval_episodes": 4, "min_replay": 16})
-    data["agent"]["hparams"].update({"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}})
-    data["selection"] = {**data.get("selection", {}), "truncation": 1, "keep_unbeaten": False, "founder_lines": 0,
-                         "replace_worst": 0}
-    data["replay"] = {"own_share": 1.0, "own_rows": "line"}
-    data["backend"] = "inline"
-    (tmp_path / "cartpole_efficientzero.toml").write_text(tomli_w.dumps(data))
-    proc = run_evo(["run", "cartpole_efficientzero.toml", "--seed", "3"], tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = run_evo(["resume", "cartpole_efficientzero", "--generations", "3"], tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    small_cartpole_truncation_run(tmp_path, 3, replay={"own_share": 1.0, "own_rows": "line"})
 
     run_dir = tmp_path / "runs" / "cartpole_efficientzero"
     store = RunStore.open("cartpole_efficientzero", tmp_path / "runs")

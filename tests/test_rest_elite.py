@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomli_w
 import tomllib
 
 from evo.runstore import RunStore
 from evo.scheduler.base import steps_of_members
 from evo.spec import ExperimentSpec
-from tests.conftest import REPO, run_evo
+from tests.conftest import REPO, small_cartpole_truncation_run
 
 
 def test_steps_per_member_are_checked() -> None:
@@ -51,17 +50,7 @@ def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path:
     exactly the surviving member with the best last evaluation of the generation before rests. Its counters do not
     move, its (deterministic) evaluation repeats its fitness, its round spends no env steps, and a
     resumed run rests the member the interrupted one would have."""
-    data = _cartpole()
-    data["population"].update({"size": 3, "generations": 2, "steps_per_generation": 160})
-    data["agent"]["task"].update({"num_envs": 2, "eval_episodes": 4, "min_replay": 16})
-    data["agent"]["hparams"].update({"batch_size": 32, "num_simulations": {"value": 4, "min": 2, "max": 8, "kind": "int"}})
-    data["selection"].update({"truncation": 1, "keep_unbeaten": False, "founder_lines": 0, "replace_worst": 0})
-    data["backend"] = "inline"
-    (tmp_path / "cartpole_efficientzero.toml").write_text(tomli_w.dumps(data))
-    proc = run_evo(["run", "cartpole_efficientzero.toml", "--seed", "5"], tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = run_evo(["resume", "cartpole_efficientzero", "--generations", "3"], tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    small_cartpole_truncation_run(tmp_path, 5, selection={"rest_elite": True})
 
     store = RunStore.open("cartpole_efficientzero", tmp_path / "runs")
     try:
