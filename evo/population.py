@@ -327,8 +327,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         observer.generation_started(generation, [m.index for m in members])
         resting = resting_member(store, generation - 1, members) if exp.selection.rest_elite else None
         steps = [0 if m.index == resting else exp.population.steps_per_generation for m in members]
-        results = scheduler.run_generation([m.agent for m in members], steps if resting is not None else steps[0],
-                                           observer, generation=generation,
+        results = scheduler.run_generation([m.agent for m in members], steps, observer, generation=generation,
                                            **({"lines": line_stores} if line_stores is not None else {}))
         record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []

@@ -27,6 +27,9 @@ def test_steps_per_member_are_checked() -> None:
         steps_of_members([1, 2], 3)
     with pytest.raises(ValueError, match="none negative"):
         steps_of_members([1, -1], 2)
+    assert steps_of_members([4, 4], 2, in_step=True) == [4, 4]
+    with pytest.raises(ValueError, match="fused members train in step"):
+        steps_of_members([4, 0], 2, in_step=True)
 
 
 def _cartpole() -> dict:

@@ -211,7 +211,8 @@ TRUNCATE_HP_LINE = {**TRUNCATE_HP, "replay.own_share": 1.0, "replay.own_rows": "
 TRUNCATE_HP_OWN_LINE = {**TRUNCATE_HP_OWN, "replay.own_rows": "line"}
 
 # `evo-truncate-hp-own-rest`: evo-truncate-hp-own whose best member rests (selection.rest_elite): each
-# generation the highest-scoring member is evaluated, not trained, while its clone and the others train on.
+# generation the survivor with the best last evaluation is evaluated, not trained, while its clone and the
+# others train on.
 # evo-truncate-hp-own reached CartPole's target on 11 seeds of 12 but ended there on 5: training on past
 # the target lost it. A resting round trains nothing, so the run has more generations, never past the budget
 TRUNCATE_HP_OWN_REST = {**TRUNCATE_HP_OWN, "selection.rest_elite": True}

@@ -63,7 +63,7 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
              "evo-truncate-hp-own-line": "evo-truncate-hp-own whose own half of each batch comes from the member's "
                                          "line store (replay.own_rows = 'line'), not its rows of this generation",
              "evo-truncate-hp-own-rest": "evo-truncate-hp-own whose best member rests (selection.rest_elite): "
-                                         "evaluated, not trained, until another outscores it; its clone trains on",
+                                         "evaluated, not trained, until another evaluates higher; its clone trains on",
              "evo-pbt-own": "evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range "
                             "with probability 0.25 (mutation.rl_hp_resample: PBT's resample_probability)"}
 

@@ -98,13 +98,16 @@ def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None]
     return metrics, evaluation, time.perf_counter() - start
 
 
-def steps_of_members(steps: int | Sequence[int], n: int) -> list[int]:
-    """`run_generation`'s `steps` as one count per member of `n`: a single count is everyone's."""
+def steps_of_members(steps: int | Sequence[int], n: int, in_step: bool = False) -> list[int]:
+    """`run_generation`'s `steps` as one count per member of `n`: a single count is everyone's.
+    `in_step`: the members train as one program (fused groups), so their counts must be equal."""
     if isinstance(steps, numbers.Integral):
         return [int(steps)] * n
     out = [int(s) for s in steps]
     if len(out) != n or any(s < 0 for s in out):
         raise ValueError(f"steps: expected {n} counts, none negative, found {out}")
+    if in_step and len(set(out)) > 1:
+        raise ValueError(f"steps: fused members train in step, expected one count for all, found {out}")
     return out
 
 

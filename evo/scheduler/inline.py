@@ -75,9 +75,7 @@ class InlineScheduler:
         """See `Scheduler.run_generation`; `evaluate=False` (an async rung judged on a training metric)
         trains without evaluating, except fused groups (sync only), whose evaluation is one program."""
         lines = lines or {}
-        per_member = steps_of_members(steps, len(agents))
-        if self.fused and len(set(per_member)) > 1:
-            raise ValueError(f"steps: fused members train in step, expected one count for all, found {per_member}")
+        per_member = steps_of_members(steps, len(agents), in_step=bool(self.fused))
         observer = observer or RunObserver()
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None

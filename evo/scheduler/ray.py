@@ -275,9 +275,7 @@ class RayScheduler:
             raise ValueError("replay.own_rows = 'line' is not supported with fused groups on the Ray backend "
                              "(resources.fused): use the inline backend or unfused members")
         lines = lines or {}
-        per_member = steps_of_members(steps, len(agents))
-        if self.fused is not None and len(set(per_member)) > 1:
-            raise ValueError(f"steps: fused members train in step, expected one count for all, found {per_member}")
+        per_member = steps_of_members(steps, len(agents), in_step=self.fused is not None)
 
         began, began_at = time.perf_counter(), time.time()
         observer = observer or RunObserver()
