@@ -328,6 +328,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         resting = resting_member(store, generation - 1, members) if exp.selection.rest_elite else None
         steps = [0 if m.index == resting else exp.population.steps_per_generation for m in members]
         results = scheduler.run_generation([m.agent for m in members], steps, observer, generation=generation,
+                                           expected_s=expected_seconds(store, generation - 1, members, steps),
                                            **({"lines": line_stores} if line_stores is not None else {}))
         record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []
@@ -368,6 +369,27 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         if reached_stop_score(store, exp, generation):
             break
     store.set(status="completed")
+
+
+def expected_seconds(store: RunStore, previous: int, members: list[Member], steps: Sequence[int]) -> list[float | None]:
+    """How long each member's round is expected to take, for the scheduler's dispatch order (longest
+    first, `evo.scheduler.base.dispatch_order`): 0 for a member given no steps (it only evaluates); else
+    the seconds of its own round in generation `previous` if it trained then, or else its parent's (a
+    clone trains like its parent, give or take its mutation); None when neither trained then
+    (generation 0, a member after a resting round whose parent is itself)."""
+    rows = {row["index"]: row for row in (store.evaluations(previous) if previous >= 0 else [])}
+
+    def trained(index: int | None) -> float | None:
+        row = rows.get(index)
+        if row is None or row["wall_s"] is None or not math.isfinite(float(row["fitness"])):
+            return None  # not in that generation, or failed
+        return None if row["train_metrics"].get("rested") else float(row["wall_s"])
+
+    out: list[float | None] = []
+    for member, count in zip(members, steps):
+        own = trained(member.index)
+        out.append(0.0 if count == 0 else own if own is not None else trained(member.record.parent))
+    return out
 
 
 def resting_member(store: RunStore, previous: int, members: list[Member]) -> int | None:

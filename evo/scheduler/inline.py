@@ -23,6 +23,7 @@ from evo.replay.view import LineState, commit_views, view_seed
 from evo.scheduler.base import (
     MemberResult,
     attempt_member,
+    dispatch_order,
     done_event,
     failed_result,
     member_context,
@@ -71,11 +72,15 @@ class InlineScheduler:
 
     def run_generation(self, agents: list[Agent], steps: int | Sequence[int], observer: RunObserver | None = None,
                        generation: int = 0, evaluate: bool = True,
-                       lines: dict[int, LineState] | None = None) -> list[MemberResult]:
+                       lines: dict[int, LineState] | None = None,
+                       expected_s: Sequence[float | None] | None = None) -> list[MemberResult]:
         """See `Scheduler.run_generation`; `evaluate=False` (an async rung judged on a training metric)
-        trains without evaluating, except fused groups (sync only), whose evaluation is one program."""
+        trains without evaluating, except fused groups (sync only), whose evaluation is one program.
+        Members run one after another in the order given: `expected_s` is checked, and the order of
+        one process's work does not change its end."""
         lines = lines or {}
         per_member = steps_of_members(steps, len(agents), in_step=bool(self.fused))
+        dispatch_order(expected_s, len(agents))  # a bad hint is refused here as on Ray
         observer = observer or RunObserver()
         shared = self.context.replay if self.context is not None else None
         basis = shared.view_basis() if shared is not None else None

@@ -55,6 +55,7 @@ from evo.replay.view import LineState, commit_views, view_seed
 from evo.scheduler.base import (
     MemberResult,
     attempt_member,
+    dispatch_order,
     done_event,
     failed_result,
     member_context,
@@ -267,7 +268,11 @@ class RayScheduler:
         return fresh
 
     def run_generation(self, agents: list[Agent], steps: int | Sequence[int], observer: RunObserver | None = None,
-                       generation: int = 0, lines: dict[int, LineState] | None = None) -> list[MemberResult]:
+                       generation: int = 0, lines: dict[int, LineState] | None = None,
+                       expected_s: Sequence[float | None] | None = None) -> list[MemberResult]:
+        """See `Scheduler.run_generation`. With `expected_s`, members start longest first and a member
+        queued behind another (`prefetch`) goes to the actor with the fewest expected seconds pending;
+        fused jobs keep the input order."""
         import ray
         from ray.exceptions import RayError, RayTaskError
 
@@ -276,17 +281,19 @@ class RayScheduler:
                              "(resources.fused): use the inline backend or unfused members")
         lines = lines or {}
         per_member = steps_of_members(steps, len(agents), in_step=self.fused is not None)
+        order = dispatch_order(expected_s, len(agents))  # validates the hint, fused or not
 
         began, began_at = time.perf_counter(), time.time()
         observer = observer or RunObserver()
         shared = self.context.replay
         basis = shared.view_basis() if shared is not None else None
         n = len(agents)
+        expected = list(expected_s) if expected_s is not None else None
         clock = time.perf_counter()
         states = [ray.put(a.get_state()) for a in agents]  # each member's start state, once; kept for retries
         timing = {"put_s": time.perf_counter() - clock, "get_s": 0.0, "rebuild_s": 0.0, "member_s": 0.0,
                   "worker_load_s": 0.0, "worker_save_s": 0.0, "nodes": {}, "spans": {}}
-        queue = deque(range(n))
+        queue = deque(order if self.fused is None else range(n))
         attempts, retries = [0] * n, [[] for _ in range(n)]
         results: list[MemberResult | None] = [None] * n
         staged = []
@@ -308,6 +315,15 @@ class RayScheduler:
 
         def busy(worker: Any) -> bool:
             return any(w is worker for _, w, _ in pending.values())
+
+        def least_pending(slots: list[Any]) -> int:
+            """The slot whose actor has the fewest expected seconds pending (an unknown member counts
+            as the longest known one); the first such slot on a tie."""
+            known = [e for e in expected if e is not None]
+            guess = max(known, default=1.0)
+            load = [sum(guess if expected[pos] is None else expected[pos]
+                        for pos, w, _ in pending.values() if w is worker) for worker in slots]
+            return load.index(min(load))
 
         def start_queued(worker: Any) -> None:
             """The member queued behind `worker`'s finished one starts now, and so does its timeout."""
@@ -359,7 +375,7 @@ class RayScheduler:
                 if slot is None:  # only second slots: queue a member behind another only while members outnumber actors
                     if len(queue) < len(self.workers):
                         break
-                    slot = 0
+                    slot = least_pending(idle) if expected is not None and jobs is None else 0
                 worker = idle.pop(slot)
                 deadline = math.inf if busy(worker) else None  # queued: its timeout starts when it does
                 job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members

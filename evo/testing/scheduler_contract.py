@@ -15,7 +15,8 @@ The checks follow the protocol in evo/scheduler/base.py: results equal training 
 in this process and repeat for the same seed; results come back in the order of the input; a
 member that raises fails alone (its result carries a `Failure` of kind "error", fitness −inf and
 its generation-start state) while the others train on; a member given 0 steps (steps per member)
-is evaluated untrained; a member over the timeout fails the same way (kind "timeout") promptly,
+is evaluated untrained; a hint of each member's duration (`expected_s`) changes no result and is
+checked; a member over the timeout fails the same way (kind "timeout") promptly,
 while members within it never fail however long the generation.
 
 Misbehaving members come from `probe_class(agent_class)`, a subclass that raises or sleeps for a
@@ -84,6 +85,9 @@ class _Recorder(RunObserver):
         self.events.append((index, event))
         if event == "done":
             self.steps[index] = data.get("steps")
+
+    def start_order(self) -> list[int]:
+        return [i for i, e in self.events if e == "training"]
 
     def done_order(self) -> list[int]:
         return [i for i, e in self.events if e == "done"]
@@ -213,6 +217,33 @@ class SchedulerContract:
             assert_same_state(results[pos].agent.get_state(), agent.get_state(), where)
         assert results[1].train_metrics == {}, f"an untrained member reports training metrics {results[1].train_metrics}"
         assert observer.done_steps() == {14: self.train_steps, 6: 0}, f"'done' events said {observer.done_steps()}"
+
+    def test_a_dispatch_hint_changes_no_result(self) -> None:
+        """`expected_s`, the seconds each member is expected to take, only orders the work: results are
+        those of the same members without it, in input order; a parallel backend starts the members of
+        unknown duration first, then the longest (`evo.scheduler.base.dispatch_order`)."""
+        indices = [12, 3, 7]
+        scheduler, _ = self.shared()
+        observer = _Recorder()
+        hinted = scheduler.run_generation(self.members(indices), self.train_steps, observer, expected_s=[0.5, None, 2.0])
+        plain = scheduler.run_generation(self.members(indices), self.train_steps)
+        self.check_succeeded(hinted, indices)
+        for pos, index in enumerate(indices):
+            got, without = hinted[pos].evaluation.fitness, plain[pos].evaluation.fitness
+            assert got == without, f"member {index}: fitness {got} with the hint, {without} without"
+            assert_same_state(hinted[pos].agent.get_state(), plain[pos].agent.get_state(), f"member {index} with the hint")
+        if self.parallel:
+            assert observer.start_order() == [3, 7, 12], f"members started in the order {observer.start_order()}"
+
+    def test_a_bad_dispatch_hint_is_refused(self) -> None:
+        scheduler, _ = self.shared()
+        for bad in ([1.0], [1.0, -1.0], [float("nan"), None]):
+            try:
+                scheduler.run_generation(self.members([4, 8]), self.train_steps, expected_s=bad)
+            except ValueError as exc:
+                assert "expected_s" in str(exc), f"the refusal of {bad} does not name expected_s: {exc}"
+            else:
+                raise AssertionError(f"expected_s={bad} for 2 members was accepted")
 
     def test_results_come_back_in_input_order(self) -> None:
         indices = [SLOW_INDEX, 21, 5]  # the first finishes last on a parallel backend

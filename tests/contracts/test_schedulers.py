@@ -66,3 +66,26 @@ class TestRayScheduler(_ToyMembers):
         # start and warm the actors, so the timeout checks time members rather than process start-up
         ray.get([w.__ray_call__.remote(_warm_up) for w in scheduler.workers], timeout=180)
         return scheduler
+
+    def test_a_long_member_given_last_gets_an_actor_to_itself(self) -> None:
+        """With `expected_s`, the member expected to take longest starts first and no other member is
+        queued behind it (`prefetch` queues a member behind the actor with the fewest expected seconds
+        pending): the short ones share the other actor. Without the hint, the input order (long member
+        last) puts a short one before it on one actor — the generation waits for both in a row."""
+        from evo.testing.scheduler_contract import PACED_INDICES, PACED_S
+
+        scheduler, _ = self.shared()
+        indices = [31, 32, 33, PACED_INDICES[0]]
+
+        def actors(expected_s: list[float] | None) -> dict[int, int]:
+            results = scheduler.run_generation(self.members(indices), self.train_steps, expected_s=expected_s)
+            self.check_succeeded(results, indices)
+            return {index: span[0] for index, span in scheduler.last_timing["spans"].items()}
+
+        hinted = actors([0.05, 0.05, 0.05, PACED_S])
+        long_actor = hinted[PACED_INDICES[0]]
+        assert [i for i, pid in hinted.items() if pid == long_actor] == [PACED_INDICES[0]], (
+            f"members by actor pid with the hint: {hinted}")
+        plain = actors(None)
+        assert len([i for i, pid in plain.items() if pid == plain[PACED_INDICES[0]]]) >= 2, (
+            f"without the hint the long member shared its actor (the check's premise): {plain}")
