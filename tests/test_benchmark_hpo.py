@@ -5,6 +5,7 @@ JSON's schema, not the outcome."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -573,3 +574,33 @@ def test_a_resting_strategy_runs_the_generations_its_budget_pays_for_and_none_pa
             g = resting_generations(t)
             assert g >= t.generations and spent(t, g) <= t.budget < spent(t, g + 1), (name, quick, g)
     assert resting_generations(task("cartpole", False)) == 7  # 44,000 of 48,000 env steps
+
+
+def test_the_ab_report_pairs_seeds_and_says_whether_the_curves_are_the_same(tmp_path):
+    from benchmarks.hpo.ab import main
+
+    def write(folder, seed, seconds, fitness=(0.2, 0.5)):
+        folder.mkdir(exist_ok=True)
+        curve = [[800 * (i + 1), s, f] for i, (s, f) in enumerate(zip(seconds, fitness))]
+        run = {"strategy": "evo-x", "seed": seed, "final_best": fitness[-1], "curve": curve}
+        (folder / f"evo-x_scratch_{seed}.json").write_text(json.dumps(run))
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    write(before, 0, (10.0, 20.0))
+    write(after, 0, (8.0, 16.0))  # the same curve, 1.25x sooner
+    write(before, 1, (10.0, 30.0))
+    write(after, 1, (9.0, 20.0), fitness=(0.2, 0.6))  # a different curve: said so
+    write(before, 2, (5.0, 10.0))  # no run of seed 2 after: left out
+    (after / "out_0.json").write_text(json.dumps({"benchmark": "hpo"}))  # a report, not a run: ignored
+    out = tmp_path / "ab.json"
+    assert main([str(before), str(after), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["seeds"] == [0, 1]
+    assert [r["same_curve"] for r in report["per_seed"]] == [True, False] and not report["all_curves_same"]
+    assert [r["ratio"] for r in report["per_seed"]] == pytest.approx([1.25, 1.5])
+    assert report["median_ratio"] == pytest.approx(1.375) and report["total_ratio"] == pytest.approx(50 / 36)
+    assert report["geometric_mean_ratio"] == pytest.approx(math.sqrt(1.25 * 1.5))
+    low, high = report["ci95_geometric_mean_ratio"]
+    assert 1.25 - 1e-9 <= low <= report["geometric_mean_ratio"] <= high <= 1.5 + 1e-9
+    with pytest.raises(SystemExit):  # no seed in both
+        main([str(before), str(tmp_path / "missing"), "--json", str(out)])
