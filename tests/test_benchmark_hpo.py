@@ -246,6 +246,14 @@ def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
     assert 0 < len(redrawn) < len(mutable)
 
 
+def test_the_shared_rest_variant_changes_only_how_many_actors_share_the_cores():
+    shared, rest = (_scratch_variant("randomwalks-sparse", n) for n in ("evo-truncate-hp-own-rest-shared",
+                                                                         "evo-truncate-hp-own-rest"))
+    assert shared.resources.num_workers == shared.population.size == 4 and shared.resources.cpus_per_member == 0.5
+    assert rest.resources.num_workers == 2 and rest.resources.cpus_per_member == 1
+    assert shared.spec.model_copy(update={"resources": rest.resources}) == rest.spec
+
+
 def test_the_recipe_in_docs_experiments_is_the_benchmarks_evo_truncate_hp_own_rest():
     """docs/experiments.md names `evo-truncate-hp-own-rest` as a recipe a user copies: its TOML must be the variant's settings."""
     import textwrap

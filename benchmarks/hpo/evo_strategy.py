@@ -217,6 +217,13 @@ TRUNCATE_HP_OWN_LINE = {**TRUNCATE_HP_OWN, "replay.own_rows": "line"}
 # the target lost it. A resting round trains nothing, so the run has more generations, never past the budget
 TRUNCATE_HP_OWN_REST = {**TRUNCATE_HP_OWN, "selection.rest_elite": True}
 
+# `evo-truncate-hp-own-rest-shared`: evo-truncate-hp-own-rest with every member of a generation in flight at
+# once, four actors of half a CPU on the two cores, instead of two actors of one CPU each. A resting
+# generation trains three members: two actors run them in two waves, one actor idle in the second (~2T
+# for three rounds of T seconds), where three processes sharing two cores end together (~1.5T). Results
+# do not depend on which actor trains a member, so only the seconds change
+TRUNCATE_HP_OWN_REST_SHARED = {**TRUNCATE_HP_OWN_REST, "resources.num_workers": 4, "resources.cpus_per_member": 0.5}
+
 # `evo-pbt-own`: evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range with
 # probability 0.25 instead of growing or shrinking it (mutation.rl_hp_resample: PBT's resample_probability,
 # its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
@@ -242,6 +249,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-truncate-hp-line": TRUNCATE_HP_LINE,
                           "evo-truncate-hp-own-line": TRUNCATE_HP_OWN_LINE,
                           "evo-truncate-hp-own-rest": TRUNCATE_HP_OWN_REST,
+                          "evo-truncate-hp-own-rest-shared": TRUNCATE_HP_OWN_REST_SHARED,
                           "evo-pbt-own": PBT_OWN}.items()}
 
 
