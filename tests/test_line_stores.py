@@ -52,10 +52,10 @@ def test_a_line_store_carries_a_members_rows_into_its_next_generation() -> None:
     high = 7.0 ** base.view_basis().alpha
     assert abs(np.isin(keys, old[:10]).mean() - 10 * high / (40 * high + 30)) < 0.02
     after = second.line_state()
-    assert ReplayStore._from_state(*after, "memory", None, None).contains(np.concatenate([old, new])).all()
+    assert ReplayStore.from_state(*after, "memory").contains(np.concatenate([old, new])).all()
     # the state handed back is detached: later writes to the view do not change it
     second.insert(rows(502, 5))
-    assert len(ReplayStore._from_state(*after, "memory", None, None)) == 70
+    assert len(ReplayStore.from_state(*after, "memory")) == 70
 
 
 def test_a_line_store_keeps_the_newest_rows_at_the_shared_stores_capacity() -> None:
@@ -64,7 +64,7 @@ def test_a_line_store_keeps_the_newest_rows_at_the_shared_stores_capacity() -> N
     for ep in range(5):
         view.insert(rows(700 + ep, 100))
     state = view.line_state()
-    restored = ReplayStore._from_state(*state, "memory", None, None)
+    restored = ReplayStore.from_state(*state, "memory")
     assert restored.capacity == 300 and len(restored) == 300
     kept = set(np.unique(restored.get(restored.sample(300, seed=0).keys)["episode"]).tolist())
     assert kept <= {702, 703, 704}

@@ -612,6 +612,21 @@ class ReplayStore:
         mmap store gets fresh files under its old path root, never touching the original's files).
         """
         _, meta, arrays = snap.read_snapshot(dir)
+        return cls.from_state(meta, arrays, storage, path, hash_fn)
+
+    @classmethod
+    def from_state(
+        cls,
+        meta: dict,
+        arrays: Mapping[str, np.ndarray],
+        storage: str | None = None,
+        path: str | os.PathLike | None = None,
+        hash_fn: HashFn | None = None,
+    ) -> ReplayStore:
+        """A new store from a snapshot's (meta, arrays) already in memory, as :meth:`snapshot_state`
+        returns them (a member view's line store, a state sent by another process): :meth:`restore`
+        without the files. ``storage``/``path``/``hash_fn`` as there; the arrays are copied into the
+        new store's columns, so later writes to either do not reach the other."""
         return cls._from_state(meta, arrays, storage, path, hash_fn)
 
     def load_snapshot(self, dir: str | os.PathLike) -> str:

@@ -115,7 +115,7 @@ class MemberView:
         """The line store restored from `line`, at the shared store's capacity (it never grows: growing
         replays this generation's log, which holds none of the line's earlier rows)."""
         meta, arrays = line
-        store = ReplayStore._from_state(meta, arrays, "memory", None, None)
+        store = ReplayStore.from_state(meta, arrays, "memory")
         if store.capacity != self.capacity or store.schema.to_json() != self.schema.to_json():
             raise ReplayError(f"the line store holds {store.capacity} rows of another schema or capacity than the "
                               f"shared store ({self.capacity}): it belongs to another run")

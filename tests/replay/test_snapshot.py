@@ -119,3 +119,29 @@ def test_mmap_restore_uses_fresh_files(tmp_path):
     s.close()
     col = np.load(Path(s.path) / "obs.npy", mmap_mode="r")
     np.testing.assert_array_equal(col[:20], rows(20)["obs"])
+
+
+def test_from_state_is_restore_without_the_files(tmp_path):
+    """`ReplayStore.from_state` builds the store `restore` would from the (meta, arrays) `snapshot_state`
+    gives: the same rows, priorities and sampler stream; the new store owns its columns."""
+    s = reference_store()
+    keys = s.insert(rows(50, seed=4))
+    s.update_priorities(keys[:10], np.linspace(0.5, 5.0, 10))
+    meta, arrays = s.snapshot_state()
+    s.snapshot(tmp_path)
+    restored, built = ReplayStore.restore(tmp_path), ReplayStore.from_state(meta, arrays)
+    assert len(built) == len(restored) == len(s) == 350
+    assert_batches_equal(built.get(keys), restored.get(keys))
+    first, again = built.sample(32), restored.sample(32)  # the sampler's RNG came along
+    assert_batches_equal(first.data, again.data)
+    np.testing.assert_array_equal(first.keys, again.keys)
+    np.testing.assert_array_equal(first.weights, again.weights)
+    before = {name: np.array(a, copy=True) for name, a in arrays.items()}
+    built.update_priorities(keys[:5], np.full(5, 9.0))  # writes to the new store leave the old one alone
+    built.insert(rows(5, seed=8))
+    _, now = s.snapshot_state()
+    assert set(now) == set(before) and len(s) == 350
+    for name in before:
+        np.testing.assert_array_equal(now[name], before[name], err_msg=name)
+    with pytest.raises(ReplayError, match="format"):
+        ReplayStore.from_state({**meta, "format": -1}, arrays)
