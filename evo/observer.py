@@ -16,8 +16,9 @@ class RunObserver:
         """Generation `generation` begins with the members `indices`."""
 
     def member_event(self, index: int, event: str, details: dict[str, Any]) -> None:
-        """A member changed state: "training", "evaluating", "done" (details: fitness if it was
-        evaluated, wall_s, steps trained), "failed" or "retried" (details: error)."""
+        """A member changed state: "training", "evaluating" (a member given no steps, `selection.rest_elite`,
+        goes straight to it), "done" (details: fitness if it was evaluated, wall_s, steps trained),
+        "failed" or "retried" (details: error)."""
 
     def generation_done(self, generation: int, board: list[dict[str, Any]]) -> None:
         """Generation `generation` is committed; `board` is its evaluations, best score first."""

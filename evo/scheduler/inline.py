@@ -96,7 +96,8 @@ class InlineScheduler:
                 context, member, start, view = prepared[pos]
                 metrics, evaluation, wall, failure = outcomes[pos]
             else:
-                observer.member_event(agent.index, "training", {})
+                if per_member[pos]:  # a member given no steps only evaluates: its "evaluating" event comes next
+                    observer.member_event(agent.index, "training", {})
                 context, member, start, view = self._prepare(agent, basis, generation, lines.get(agent.index))
                 metrics, evaluation, wall, failure = attempt_member(
                     member, per_member[pos], on_evaluate=lambda index=agent.index: observer.member_event(index, "evaluating", {}),

@@ -387,7 +387,8 @@ class RayScheduler:
                 for pos, ref in zip(job, refs):  # each member of a job has its own result: faults stay per member
                     attempts[pos] += 1
                     pending[ref] = (pos, worker, deadline or time.monotonic() + self.timeout_s * len(job))
-                    observer.member_event(agents[pos].index, "training", {})
+                    # a member given no steps only evaluates (selection.rest_elite): the display says so
+                    observer.member_event(agents[pos].index, "training" if per_member[pos] else "evaluating", {})
             if not pending and not warming:  # members left and no actor to run them: the cluster lost its room
                 while queue:
                     pos = queue.popleft()

@@ -217,6 +217,8 @@ class SchedulerContract:
             assert_same_state(results[pos].agent.get_state(), agent.get_state(), where)
         assert results[1].train_metrics == {}, f"an untrained member reports training metrics {results[1].train_metrics}"
         assert observer.done_steps() == {14: self.train_steps, 6: 0}, f"'done' events said {observer.done_steps()}"
+        said = [e for i, e in observer.events if i == 6]
+        assert "training" not in said and "evaluating" in said, f"the untrained member's events: {said}"
 
     def test_a_dispatch_hint_changes_no_result(self) -> None:
         """`expected_s`, the seconds each member is expected to take, only orders the work: results are
