@@ -376,7 +376,7 @@ def expected_seconds(store: RunStore, previous: int, members: list[Member], step
     first, `evo.scheduler.base.dispatch_order`): 0 for a member given no steps (it only evaluates); else
     the seconds of its own round in generation `previous` if it trained then, or else its parent's (a
     clone trains like its parent, give or take its mutation); None when neither trained then
-    (generation 0, a member after a resting round whose parent is itself)."""
+    (generation 0; a member that rested then, whose parent did not train then)."""
     rows = {row["index"]: row for row in (store.evaluations(previous) if previous >= 0 else [])}
 
     def trained(index: int | None) -> float | None:

@@ -117,8 +117,9 @@ def steps_of_members(steps: int | Sequence[int], n: int, in_step: bool = False) 
 def dispatch_order(expected_s: Sequence[float | None] | None, n: int) -> list[int]:
     """The positions of `n` members in the order a parallel backend starts them: members whose
     duration is unknown first (in input order), then the longest expected first, ties in input order.
-    Started last, a long member keeps the generation waiting while the other workers idle; longest
-    first (LPT list scheduling) ends a generation within 4/3 of the best split of known durations."""
+    Started last, a long member keeps the generation waiting while the other workers idle. Longest
+    first is Graham's LPT rule: with exact durations on identical workers, each member going to the
+    first free one, a generation ends within 4/3 of the best split."""
     if expected_s is None:
         return list(range(n))
     expected = list(expected_s)
