@@ -325,10 +325,12 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
             break
         t0 = time.perf_counter()
         observer.generation_started(generation, [m.index for m in members])
-        resting = resting_member(store, generation - 1, members) if exp.selection.rest_elite else None
+        # the generation before, as the run store has it: a resumed run rests and orders as the interrupted one would
+        before = store.evaluations(generation - 1) if generation > 0 else []
+        resting = resting_member(before, members) if exp.selection.rest_elite else None
         steps = [0 if m.index == resting else exp.population.steps_per_generation for m in members]
         results = scheduler.run_generation([m.agent for m in members], steps, observer, generation=generation,
-                                           expected_s=expected_seconds(store, generation - 1, members, steps),
+                                           expected_s=expected_seconds(before, members, steps),
                                            **({"lines": line_stores} if line_stores is not None else {}))
         record_failures(store, generation, results)  # all failed: GenerationFailed, the run stops
         evaluated, scores = [], []
@@ -371,13 +373,14 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
     store.set(status="completed")
 
 
-def expected_seconds(store: RunStore, previous: int, members: list[Member], steps: Sequence[int]) -> list[float | None]:
+def expected_seconds(before: list[dict[str, Any]], members: list[Member], steps: Sequence[int]) -> list[float | None]:
     """How long each member's round is expected to take, for the scheduler's dispatch order (longest
     first, `evo.scheduler.base.dispatch_order`): 0 for a member given no steps (it only evaluates); else
-    the seconds of its own round in generation `previous` if it trained then, or else its parent's (a
-    clone trains like its parent, give or take its mutation); None when neither trained then
-    (generation 0; a member that rested then, whose parent did not train then)."""
-    rows = {row["index"]: row for row in (store.evaluations(previous) if previous >= 0 else [])}
+    the seconds of its own round in the generation before (`before`: its evaluations, [] in generation
+    0) if it trained then, or else its parent's (a clone trains like its parent, give or take its
+    mutation); None when neither trained then (generation 0; a member that rested then, whose parent
+    did not train then)."""
+    rows = {row["index"]: row for row in before}
 
     def trained(index: int | None) -> float | None:
         row = rows.get(index)
@@ -392,16 +395,15 @@ def expected_seconds(store: RunStore, previous: int, members: list[Member], step
     return out
 
 
-def resting_member(store: RunStore, previous: int, members: list[Member]) -> int | None:
+def resting_member(before: list[dict[str, Any]], members: list[Member]) -> int | None:
     """`selection.rest_elite`: the index of the member that rests this generation — of the members of
-    generation `previous` still in the population (survivors in their own slots), the one whose last
-    evaluation was highest (ties: the lowest index); None in generation 0 or when none survived. Its
-    fitness, not its score: what rests is the state that evaluation measured, where a score over a
-    fitness window also averages earlier states' (a member that just reached 500 from 12 scores 256).
-    Read from the run store, so a resumed run rests the member the interrupted one would have."""
+    the generation before (`before`: its evaluations, [] in generation 0) still in the population
+    (survivors in their own slots), the one whose last evaluation was highest (ties: the lowest index);
+    None in generation 0 or when none survived. Its fitness, not its score: what rests is the state that
+    evaluation measured, where a score over a fitness window also averages earlier states' (a member
+    that just reached 500 from 12 scores 256)."""
     present = {m.index for m in members}
-    rows = [row for row in (store.evaluations(previous) if previous >= 0 else [])
-            if row["index"] in present and math.isfinite(float(row["fitness"]))]
+    rows = [row for row in before if row["index"] in present and math.isfinite(float(row["fitness"]))]
     return min(rows, key=lambda row: (-float(row["fitness"]), row["index"]))["index"] if rows else None
 
 

@@ -28,28 +28,18 @@ def test_dispatch_order_starts_unknown_then_longest_members() -> None:
             dispatch_order(bad, 2)
 
 
-class _Board:
-    """The one run-store read `expected_seconds` makes: one generation's evaluations."""
-
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
-
-    def evaluations(self, generation: int) -> list[dict]:
-        return self.rows if generation == 0 else []
-
-
 def _row(index: int, wall_s: float, fitness: float = 1.0, rested: bool = False) -> dict:
     return {"index": index, "wall_s": wall_s, "fitness": fitness, "train_metrics": {"rested": 1.0} if rested else {}}
 
 
 def test_a_member_is_expected_to_take_its_own_last_round_or_its_parents() -> None:
-    board = _Board([_row(0, 8.0), _row(1, 0.3, rested=True), _row(2, 3.0), _row(3, 5.0, fitness=-math.inf)])
+    board = [_row(0, 8.0), _row(1, 0.3, rested=True), _row(2, 3.0), _row(3, 5.0, fitness=-math.inf)]
 
     def member(index: int, parent: int | None) -> SimpleNamespace:
         return SimpleNamespace(index=index, record=SimpleNamespace(parent=parent))
 
     members = [member(0, None), member(1, None), member(4, 2), member(5, 3), member(6, 1), member(2, None)]
-    assert expected_seconds(board, 0, members, [10, 10, 10, 10, 10, 0]) == [
+    assert expected_seconds(board, members, [10, 10, 10, 10, 10, 0]) == [
         8.0,   # trained in generation 0: its own round
         None,  # rested then, and no parent that trained: unknown
         3.0,   # a clone of member 2: its parent's round
@@ -57,7 +47,7 @@ def test_a_member_is_expected_to_take_its_own_last_round_or_its_parents() -> Non
         None,  # a clone of the resting member: its round was an evaluation only
         0.0,   # given no steps: it only evaluates
     ]
-    assert expected_seconds(board, -1, members[:2], [10, 10]) == [None, None]  # generation 0
+    assert expected_seconds([], members[:2], [10, 10]) == [None, None]  # generation 0: no generation before
 
 
 def test_the_loop_hints_each_generation_from_the_one_before(tmp_path: Path) -> None:

@@ -79,16 +79,6 @@ def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path:
     assert spent.env_steps == pytest.approx(7 * 160, abs=2 * 7)
 
 
-class _Board:
-    """The one run-store read `resting_member` makes: a generation's evaluations, best score first."""
-
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
-
-    def evaluations(self, generation: int) -> list[dict]:
-        return self.rows if generation == 0 else []
-
-
 def test_the_member_that_rests_is_the_survivor_with_the_best_last_evaluation() -> None:
     from types import SimpleNamespace
 
@@ -99,12 +89,12 @@ def test_the_member_that_rests_is_the_survivor_with_the_best_last_evaluation() -
 
     # scores over a fitness window of 2: member 2 just went from 12 to 500, so it scores 256 and
     # member 1 (290) is first by score; it is member 2's weights that evaluated at 500, so they rest
-    board = _Board([{"index": 1, "score": 290.0, "fitness": 305.0}, {"index": 2, "score": 256.0, "fitness": 500.0},
-                    {"index": 0, "score": 20.0, "fitness": 39.0}])
-    assert resting_member(board, 0, members(0, 1, 2)) == 2
-    assert resting_member(board, 0, members(0, 1, 5)) == 1  # member 2 was replaced: the best survivor rests
-    assert resting_member(board, 0, members(5, 6)) is None  # no survivor
-    assert resting_member(board, -1, members(0, 1, 2)) is None  # generation 0: everyone trains
-    tie = _Board([{"index": 3, "score": 500.0, "fitness": 500.0}, {"index": 1, "score": 480.0, "fitness": 500.0},
-                  {"index": 4, "score": -math.inf, "fitness": -math.inf}])
-    assert resting_member(tie, 0, members(1, 3, 4)) == 1  # a tie goes to the lowest index; a failed member never rests
+    board = [{"index": 1, "score": 290.0, "fitness": 305.0}, {"index": 2, "score": 256.0, "fitness": 500.0},
+             {"index": 0, "score": 20.0, "fitness": 39.0}]
+    assert resting_member(board, members(0, 1, 2)) == 2
+    assert resting_member(board, members(0, 1, 5)) == 1  # member 2 was replaced: the best survivor rests
+    assert resting_member(board, members(5, 6)) is None  # no survivor
+    assert resting_member([], members(0, 1, 2)) is None  # generation 0 (no generation before): everyone trains
+    tie = [{"index": 3, "score": 500.0, "fitness": 500.0}, {"index": 1, "score": 480.0, "fitness": 500.0},
+           {"index": 4, "score": -math.inf, "fitness": -math.inf}]
+    assert resting_member(tie, members(1, 3, 4)) == 1  # a tie goes to the lowest index; a failed member never rests
