@@ -288,7 +288,9 @@ class RayScheduler:
         shared = self.context.replay
         basis = shared.view_basis() if shared is not None else None
         n = len(agents)
-        expected = list(expected_s) if expected_s is not None else None
+        # each member's expected seconds for placing a queued member; an unknown one counts as the longest known
+        known = [e for e in expected_s if e is not None] if expected_s is not None else []
+        cost = None if expected_s is None else [max(known, default=1.0) if e is None else e for e in expected_s]
         clock = time.perf_counter()
         states = [ray.put(a.get_state()) for a in agents]  # each member's start state, once; kept for retries
         timing = {"put_s": time.perf_counter() - clock, "get_s": 0.0, "rebuild_s": 0.0, "member_s": 0.0,
@@ -317,12 +319,8 @@ class RayScheduler:
             return any(w is worker for _, w, _ in pending.values())
 
         def least_pending(slots: list[Any]) -> int:
-            """The slot whose actor has the fewest expected seconds pending (an unknown member counts
-            as the longest known one); the first such slot on a tie."""
-            known = [e for e in expected if e is not None]
-            guess = max(known, default=1.0)
-            load = [sum(guess if expected[pos] is None else expected[pos]
-                        for pos, w, _ in pending.values() if w is worker) for worker in slots]
+            """The slot whose actor has the fewest expected seconds pending; the first such slot on a tie."""
+            load = [sum(cost[pos] for pos, w, _ in pending.values() if w is worker) for worker in slots]
             return load.index(min(load))
 
         def start_queued(worker: Any) -> None:
@@ -375,7 +373,7 @@ class RayScheduler:
                 if slot is None:  # only second slots: queue a member behind another only while members outnumber actors
                     if len(queue) < len(self.workers):
                         break
-                    slot = least_pending(idle) if expected is not None and jobs is None else 0
+                    slot = least_pending(idle) if cost is not None and jobs is None else 0
                 worker = idle.pop(slot)
                 deadline = math.inf if busy(worker) else None  # queued: its timeout starts when it does
                 job = jobs.take(queue) if jobs is not None else [queue.popleft()]  # a fused job: several members
