@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.hpo.common import machine
+from benchmarks.hpo.stats import paired_difference
 
 
 def runs(folder: Path, strategy: str | None) -> dict[int, dict[str, Any]]:
@@ -49,23 +50,21 @@ def compare_runs(before: dict[int, dict[str, Any]], after: dict[int, dict[str, A
     ratio before / after; over the seeds the median ratio, the total seconds' ratio, and the bootstrap
     95% interval of the geometric mean ratio."""
     seeds = sorted(set(before) & set(after))
-    rows, logs = [], []
+    rows = []
     for s in seeds:
         a, b = before[s]["curve"], after[s]["curve"]
         same = [(p[0], p[2]) for p in a] == [(p[0], p[2]) for p in b]
-        ratio = float(a[-1][1]) / float(b[-1][1])
-        logs.append(math.log(ratio))
         rows.append({"seed": s, "same_curve": same, "before_s": float(a[-1][1]), "after_s": float(b[-1][1]),
-                     "ratio": ratio, "final_best": [float(a[-1][2]), float(b[-1][2])]})
+                     "ratio": float(a[-1][1]) / float(b[-1][1]), "final_best": [float(a[-1][2]), float(b[-1][2])]})
     out: dict[str, Any] = {"seeds": seeds, "per_seed": rows, "all_curves_same": all(r["same_curve"] for r in rows)}
     if rows:
-        d = np.asarray(logs)
-        boot = d[np.random.default_rng(seed).integers(d.size, size=(n, d.size))].mean(axis=1)
-        low, high = np.percentile(boot, [2.5, 97.5])
+        # the per-seed log-ratios are paired differences of log seconds: their mean's bootstrap interval, as a ratio
+        logs = paired_difference({r["seed"]: math.log(r["before_s"]) for r in rows},
+                                 {r["seed"]: math.log(r["after_s"]) for r in rows}, n=n, seed=seed)
         out.update(median_ratio=float(np.median([r["ratio"] for r in rows])),
                    total_ratio=sum(r["before_s"] for r in rows) / sum(r["after_s"] for r in rows),
-                   geometric_mean_ratio=float(math.exp(d.mean())),
-                   ci95_geometric_mean_ratio=[float(math.exp(low)), float(math.exp(high))])
+                   geometric_mean_ratio=math.exp(logs["mean"]),
+                   ci95_geometric_mean_ratio=[math.exp(x) for x in logs["ci95_mean"]])
     return out
 
 
