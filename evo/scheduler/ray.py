@@ -479,8 +479,8 @@ class RayScheduler:
             timing["nodes"][index] = out["node_id"]
             if out.get("span") is not None:  # (actor pid, train start, evaluate end): time.time() on its node
                 timing["spans"][index] = out["span"]
-                pid, began, ended = out["span"]
-                self.sync_spans.append((pid, began - out.get("load_s", 0.0), ended))
+                pid, span_start, span_end = out["span"]
+                self.sync_spans.append((pid, span_start - out.get("load_s", 0.0), span_end))
             agent.index = index
             results[pos] = MemberResult(agent, out["evaluation"], out["metrics"], out["wall_s"], None, retries[pos],
                                         out.get("line"))

@@ -67,6 +67,23 @@ class TestRayScheduler(_ToyMembers):
         ray.get([w.__ray_call__.remote(_warm_up) for w in scheduler.workers], timeout=180)
         return scheduler
 
+    def test_last_timing_holds_the_generation_seconds(self) -> None:
+        """`last_timing` (read by benchmarks.scheduler) times the generation it describes: its wall
+        seconds lie within the call's, and every member's span within the generation's clock."""
+        import time
+
+        scheduler, _ = self.shared()
+        indices = [41, 42, 43]
+        began = time.time()
+        start = time.perf_counter()
+        self.check_succeeded(scheduler.run_generation(self.members(indices), self.train_steps), indices)
+        elapsed = time.perf_counter() - start
+        timing = scheduler.last_timing
+        assert 0 < timing["wall_s"] <= elapsed
+        assert began <= timing["began_at"] <= timing["ended_at"] <= time.time()
+        assert sorted(timing["spans"]) == indices
+        assert all(timing["began_at"] <= s <= e <= timing["ended_at"] for _, s, e in timing["spans"].values())
+
     def test_a_long_member_given_last_gets_an_actor_to_itself(self) -> None:
         """With `expected_s`, the member expected to take longest starts first and no other member is
         queued behind it (`prefetch` queues a member behind the actor with the fewest expected seconds
