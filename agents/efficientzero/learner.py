@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from agents.efficientzero import flat as flat_graphs
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, model_device
 from agents.efficientzero.model import StackedUnroll, Unroll
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
@@ -97,8 +98,9 @@ def _negative_entropy(logits: torch.Tensor) -> torch.Tensor:
     return (log_p.exp() * log_p).sum(-1)
 
 
-#: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam) and
-#: "baseline" (step-by-step, as first written); the same function, see the module docstring
+#: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam; and the search's
+#: flat graphs, agents/efficientzero/flat.py) and "baseline" (step-by-step, as first written); the same
+#: function, see the module docstring
 PATHS = ("fast", "baseline")
 _path = "fast"
 
@@ -114,6 +116,7 @@ def set_path(name: str) -> str:
     if name not in PATHS:
         raise ValueError(f"learner path: expected one of {PATHS}, found {name!r}")
     old, _path = _path, name
+    flat_graphs.enabled = name == "fast"  # the search's flat graphs belong to the fast path
     return old
 
 
@@ -251,9 +254,10 @@ def _cross_entropy(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return (target * F.log_softmax(_full(logits), -1)).sum(-1)
 
 
-def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
+def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor] | None, buffers: Mapping[str, torch.Tensor] | None,
                batch: Mapping[str, torch.Tensor], hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The named losses of `model` run with `params` and `buffers` on `batch` (`Batch.tensors`).
+    """The named losses of `model` run with `params` and `buffers` on `batch` (`Batch.tensors`);
+    None for both: the module's own (what `update` passes: no dictionaries of 43 tensors to build and compare).
 
     `hp` holds the four loss weights (`LOSS_WEIGHTS`; floats or 0-d tensors) and
     `lstm_horizon_len` (a Python int: it shapes the computation). Returns the importance-weighted
@@ -263,6 +267,8 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     """
     if _path == "fast":
         return _loss_terms_stacked(model, params, buffers, batch, hp)
+    if params is None:
+        params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
     out: Unroll = functional_call(model, (dict(params), dict(buffers)),
                                   (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"])))
     value_target, prefix_target, policy_target = batch["value_target"], batch["value_prefix_target"], batch["policy_target"]
@@ -290,15 +296,15 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor], buffe
     return _weighted_terms(weights, loss_value, loss_policy, loss_prefix, loss_consistency, root_value, hp, loss_entropy)
 
 
-def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tensor],
-                        buffers: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor],
+def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tensor] | None,
+                        buffers: Mapping[str, torch.Tensor] | None, batch: Mapping[str, torch.Tensor],
                         hp: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """`loss_terms` on the stacked unroll: every step's cross-entropies in one op per head."""
     args = (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"]))
-    if _own_state(model, params, buffers):  # the module's own tensors: no need to swap them in
+    if params is None or _own_state(model, params, buffers or {}):  # the module's own tensors: nothing to swap in
         out: StackedUnroll = model(*args, stacked=True)
     else:
-        out = functional_call(model, (dict(params), dict(buffers)), args, {"stacked": True})
+        out = functional_call(model, (dict(params), dict(buffers or {})), args, {"stacked": True})
     valid = batch["valid"].transpose(0, 1)  # [K+1, B]
     mask = batch["mask"].transpose(0, 1)    # [K, B]
     weights = batch["weights"]
@@ -511,7 +517,7 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     if terms is None:
         weights = {name: float(hp.get(name, 0.0)) for name in WEIGHT_NAMES}
         with torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=autocast == "bf16"):
-            terms = loss_terms(model, dict(model.named_parameters()), dict(model.named_buffers()), batch.tensors,
+            terms = loss_terms(model, None, None, batch.tensors,
                                {**weights, "lstm_horizon_len": int(hp["lstm_horizon_len"])})
     check_finite(terms["loss_total"], "loss_total")  # a diverged member stops here, not at NaN priorities
     optimizer.zero_grad(set_to_none=True)

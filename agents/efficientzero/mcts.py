@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from agents.efficientzero.flat import search_calls
+
 try:  # numba compiles the tree loops; without it the same code runs (slowly) as Python
     from numba import njit
 except ImportError:  # pragma: no cover
@@ -422,8 +424,13 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     """
     device = model_device(model)
     obs_t = torch.as_tensor(obs).to(device)  # the tree lives in numpy; only the network calls run on `device`
-    # a model may offer both calls of a step as one (a fused population's: one vmapped call each)
+    # a model may offer both calls of a step as one (a fused population's: one vmapped call each);
+    # a plain model's are traced into flat graphs (the same ops without the modules' per-call cost)
     initial, recurrent = getattr(model, "initial_inference", None), getattr(model, "recurrent_inference", None)
+    if initial is None and recurrent is None:
+        calls = search_calls(model)
+        if calls is not None:
+            initial, recurrent = calls.initial_inference, calls.recurrent_inference
     if initial is not None:
         latent, policy_logits, value_logits = initial(obs_t)
     else:

@@ -1,0 +1,157 @@
+"""The search's flat graphs (agents/efficientzero/flat.py) compute the modules' outputs bit for bit,
+follow the model through mutations and in-place updates, and step aside where fx cannot trace."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from agents.efficientzero import flat, learner
+from agents.efficientzero.agent import EfficientZeroAgent
+from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
+from agents.efficientzero.model import build_model
+
+
+def _model(dtype=torch.float64, **arch):
+    model = build_model((4,), 2, {**EfficientZeroAgent.default_arch(), **arch}, torch.Generator().manual_seed(0))
+    model = model.to(dtype)
+    with torch.no_grad():  # the output layers start at zero; random weights make every output worth comparing
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=dtype) * 0.2)
+    return model.eval()
+
+
+def _module_calls(model, obs, latent, action, hidden):
+    first = model.represent(obs)
+    policy, value = model.predict(first)
+    lat, (h, c), prefix = model.dynamics(latent, action, hidden)
+    p, v = model.predict(lat)
+    return (first, policy, value), (lat, (h, c), prefix, p, v)
+
+
+def _flat_calls(calls, obs, latent, action, hidden):
+    return calls.initial_inference(obs), calls.recurrent_inference(latent, action, hidden)
+
+
+def _inputs(dtype, batch=7, hidden_size=64):
+    gen = torch.Generator().manual_seed(1)
+    obs = torch.randn(batch, 4, generator=gen, dtype=dtype)
+    latent = torch.rand(batch, 64, generator=gen, dtype=dtype)
+    action = torch.randint(0, 2, (batch,), generator=gen)
+    hidden = (torch.randn(batch, hidden_size, generator=gen, dtype=dtype),
+              torch.randn(batch, hidden_size, generator=gen, dtype=dtype))
+    return obs, latent, action, hidden
+
+
+def _assert_identical(a, b):
+    flat_a = torch.utils._pytree.tree_leaves(a)
+    flat_b = torch.utils._pytree.tree_leaves(b)
+    assert len(flat_a) == len(flat_b)
+    for x, y in zip(flat_a, flat_b):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("arch", [{}, {"blocks": []}, {"blocks": [64, 32], "activation": "GELU"},
+                                  {"activation": "ELU", "width": 48}, {"activation": "Tanh", "lstm_hidden_size": 32}])
+def test_flat_calls_equal_the_modules_bit_for_bit(dtype, arch):
+    model = _model(dtype, **arch)
+    calls = flat.search_calls(model)
+    assert calls is not None
+    inputs = _inputs(dtype, hidden_size=model.lstm_hidden_size)
+    with torch.inference_mode():
+        _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
+    # with autograd on as well: the same ops record the same values
+    _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
+
+
+def _search(model, seed, search="puct", enabled=True):
+    obs = np.random.default_rng(seed).normal(size=(9, 4)).astype(np.float32)
+    old, flat.enabled = flat.enabled, enabled
+    try:
+        out = BatchedMCTS(MCTSConfig(num_simulations=12, discount=0.99, search=search)).run(
+            model, obs, np.random.default_rng(seed), add_noise=True)
+    finally:
+        flat.enabled = old
+    return out
+
+
+@pytest.mark.parametrize("search", ["puct", "gumbel"])
+def test_a_search_through_flat_graphs_is_the_search_through_modules(search):
+    model = _model(torch.float32)
+    for seed in range(3):
+        a, b = _search(model, seed, search, enabled=True), _search(model, seed, search, enabled=False)
+        for field in ("visit_counts", "root_values", "policy", "root_prior", "action"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x is None and y is None) or np.array_equal(x, y), field
+
+
+def test_an_update_in_place_keeps_the_graph_and_shows_in_it():
+    model = _model(torch.float32)
+    calls = flat.search_calls(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    obs, latent, action, hidden = _inputs(torch.float32)
+    model.represent(obs).sum().backward()
+    optimizer.step()
+    other = _model(torch.float32, activation="GELU")
+    model.load_state_dict(_model(torch.float32).state_dict() | {"prediction.fc_out.bias": torch.ones(53)})
+    assert flat.search_calls(model) is calls  # the same tensors, written in place
+    with torch.inference_mode():
+        _assert_identical(_flat_calls(calls, obs, latent, action, hidden), _module_calls(model, obs, latent, action, hidden))
+    assert flat.search_calls(other) is not calls
+
+
+def test_a_mutation_traces_again():
+    model = _model(torch.float32)
+    inputs = _inputs(torch.float32)
+    rng = np.random.default_rng(0)
+    bounds = EfficientZeroAgent.default_arch()
+    seen = [flat.search_calls(model)]
+    ops = []
+    for _ in range(6):
+        record, _ = model.mutate_architecture(rng, 0.5, bounds, torch.Generator().manual_seed(3))
+        calls = flat.search_calls(model)
+        if record.op != "none":
+            assert calls is not seen[-1], record
+        seen.append(calls)
+        ops.append(record.op)
+        inputs = _inputs(torch.float32, hidden_size=model.lstm_hidden_size)
+        with torch.inference_mode():
+            _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
+    assert len(set(ops) - {"none"}) >= 2, ops  # several kinds of change were met
+    model.set_activation("Tanh")  # new activation modules, no new parameters
+    calls = flat.search_calls(model)
+    assert calls is not seen[-1]
+    with torch.inference_mode():
+        _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
+    model.train()  # a training flag is part of the structure
+    assert flat.search_calls(model) is not calls
+
+
+def test_the_cache_does_not_keep_a_model_alive():
+    model = _model(torch.float32)
+    assert flat.search_calls(model) is not None
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_the_conv_variant_and_other_models_keep_their_module_calls():
+    arch = {**EfficientZeroAgent.default_arch(), "variant": "conv", "channels": 8, "num_res_blocks": 1}
+    conv = build_model((4, 10, 10), 3, arch).eval()
+    assert flat.search_calls(conv) is None  # its 1x1 convolutions unpack a tensor's shape in Python
+    obs = np.random.default_rng(0).random((3, 4, 10, 10)).astype(np.float32)
+    out = BatchedMCTS(MCTSConfig(num_simulations=4)).run(conv, obs)
+    assert out.visit_counts.sum(1).tolist() == [4, 4, 4]
+    assert flat.search_calls(torch.nn.Linear(2, 2)) is None  # no represent/predict/dynamics
+
+
+def test_the_baseline_path_searches_through_the_modules():
+    model = _model(torch.float32)
+    with learner.use_path("baseline"):
+        assert flat.search_calls(model) is None
+    assert flat.search_calls(model) is not None
