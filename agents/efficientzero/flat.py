@@ -1,39 +1,44 @@
-"""The search's network calls as flat torch.fx graphs: the same ops without nn.Module's per-call cost.
+"""A model's network calls as flat torch.fx graphs: the same ops without nn.Module's per-call cost.
 
 A CartPole member's search calls its networks 16 times per step on 8-10 rows. At that size each
 `nn.Linear` costs ~4 µs of arithmetic and about as much again in `Module.__call__` and attribute
 lookups (hooks, `__getattr__` through nested containers): ~47 of the ~130 µs of one
-dynamics-and-prediction call. `torch.fx` traces a call through every submodule down to the functional
-ops (`F.linear`, `F.relu`, `torch.cat`, ...); here the parameters become the graph's inputs, so one
-call is one flat Python function of tensors. The ops and their order are those of the modules, so
-the outputs are bit-for-bit the modules' (tests/efficientzero/test_flat.py).
+dynamics-and-prediction call. The learner's unroll makes ~120 module calls per update. `torch.fx`
+traces a call through every submodule down to the functional ops (`F.linear`, `F.relu`, `torch.cat`,
+...); here the parameters become the graph's inputs, so one call is one flat Python function of
+tensors. The ops and their order are those of the modules, so outputs and gradients are bit for bit
+the modules' (tests/efficientzero/test_flat.py).
+
+Two sets of calls: `search_calls` (the search's initial and recurrent inference, `mcts.search`) and
+`unroll_calls` (the pieces of the learner's stacked unroll, `_ModelBase._unroll_stacked`).
 
 A graph belongs to one structure of the model: the identity of every submodule, parameter and buffer,
-and the training flags. A mutation that swaps a module or a parameter makes a new
-structure and the next call traces again (~10 ms); an optimiser step or `load_state_dict` writes the
-same tensors in place and keeps the graph. A model fx cannot trace (Python control flow on a tensor's
-shape, as in the conv variant's 1x1 convolutions) keeps its modules' calls: `search_calls` returns None.
+and the training flags (a model is in train mode while it learns and in eval mode while it searches:
+both structures stay cached). A mutation that swaps a module or a parameter makes a new structure and
+the next call traces again (~10 ms a graph); an optimiser step or `load_state_dict` writes the same
+tensors in place and keeps the graphs. A model fx cannot trace (Python control flow on a tensor's
+shape, as in the conv variant's 1x1 convolutions) keeps its modules' calls: both functions return None.
+Only the model's own parameters are traced: callers that swap others in (`functional_call`, vmap) use
+the modules.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-__all__ = ["search_calls", "SearchCalls", "enabled"]
+__all__ = ["search_calls", "unroll_calls", "SearchCalls", "UnrollCalls", "enabled"]
 
-#: whether `search_calls` traces (the learner's "fast" path; `learner.set_path("baseline")` turns it off,
-#: so a side-by-side benchmark's baseline arm searches through the modules as first written)
+#: whether the calls are traced (the learner's "fast" path; `learner.set_path("baseline")` turns it off,
+#: so a side-by-side benchmark's baseline arm runs through the modules as first written)
 enabled = True
 
-#: (latent, p_logits, v_logits) from observations
-Initial = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-#: (latent, (h, c), value-prefix logits, p_logits, v_logits) from (latent, action, (h, c))
-Recurrent = Callable[[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]], tuple[Any, ...]]
+Hidden = tuple[torch.Tensor, torch.Tensor]
 
 
 class _Inline(fx.Tracer):
@@ -43,31 +48,37 @@ class _Inline(fx.Tracer):
         return False
 
 
-class _InitialCall(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
+class _Call(torch.nn.Module):
+    """`fn(model, *inputs)` as a module fx can trace (a fixed number of named inputs: fx cannot trace *args)."""
+
+    def __init__(self, model: torch.nn.Module, fn: Callable[..., Any]) -> None:
         super().__init__()
-        self.model = model
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        latent = self.model.represent(obs)
-        policy, value = self.model.predict(latent)
-        return latent, policy, value
+        self.model, self.fn = model, fn
 
 
-class _RecurrentCall(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, latent: torch.Tensor, action: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[Any, ...]:
-        latent, (h, c), prefix = self.model.dynamics(latent, action, (h, c))
-        policy, value = self.model.predict(latent)
-        return latent, h, c, prefix, policy, value
+class _Call1(_Call):
+    def forward(self, a: torch.Tensor) -> Any:
+        return self.fn(self.model, a)
 
 
-def _flat_function(root: torch.nn.Module) -> Callable[..., Any]:
-    """`root.forward` traced into one graph whose parameters are arguments after the call's own:
-    returns fn(*args) with the parameters bound (the same tensor objects, so in-place updates show)."""
+class _Call2(_Call):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> Any:
+        return self.fn(self.model, a, b)
+
+
+class _Call4(_Call):
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> Any:
+        return self.fn(self.model, a, b, c, d)
+
+
+_ARITY = {1: _Call1, 2: _Call2, 4: _Call4}
+
+
+def _flat_function(model: torch.nn.Module, arity: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn(model, *inputs)` traced into one graph whose parameters are arguments after the inputs:
+    returns a function of the inputs with the parameters bound (the same tensor objects, so in-place
+    updates show)."""
+    root = _ARITY[arity](model, fn)
     graph = _Inline().trace(root)
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
     last, tensors = inputs[-1], []
@@ -91,20 +102,52 @@ def _flat_function(root: torch.nn.Module) -> Callable[..., Any]:
     return call
 
 
+def _split(out: tuple[Any, Hidden, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    latent, (h, c), prefix = out
+    return latent, h, c, prefix
+
+
 class SearchCalls:
-    """A model's two search calls as flat graphs (`search_calls`)."""
+    """A model's two search calls (`mcts.search`'s `initial_inference` and `recurrent_inference`)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self._initial = _flat_function(_InitialCall(model))
-        self._recurrent = _flat_function(_RecurrentCall(model))
+        def initial(m: Any, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            latent = m.represent(obs)
+            return (latent, *m.predict(latent))
+
+        def recurrent(m: Any, latent: torch.Tensor, action: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+                      ) -> tuple[torch.Tensor, ...]:
+            latent, h, c, prefix = _split(m.dynamics(latent, action, (h, c)))
+            return (latent, h, c, prefix, *m.predict(latent))
+
+        self._initial = _flat_function(model, 1, initial)
+        self._recurrent = _flat_function(model, 4, recurrent)
 
     def initial_inference(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self._initial(obs)
 
-    def recurrent_inference(self, latent: torch.Tensor, action: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]
-                            ) -> tuple[Any, ...]:
+    def recurrent_inference(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden) -> tuple[Any, ...]:
         latent, h, c, prefix, policy, value = self._recurrent(latent, action, *hidden)
         return latent, (h, c), prefix, policy, value
+
+
+class UnrollCalls:
+    """The calls of the learner's stacked unroll (`_ModelBase._unroll_stacked`'s `calls`): `represent`,
+    `project`, `project_predict`, `predict` (the model's `_predict_stacked`) and `dynamics` (its
+    `_unroll_dynamics()` step; a None state is the zero state, a graph of its own)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.represent = _flat_function(model, 1, lambda m, x: m.represent(x))
+        self.project = _flat_function(model, 1, lambda m, x: m.project(x))
+        self.project_predict = _flat_function(model, 1, lambda m, x: m.project_predict(x))
+        self.predict = _flat_function(model, 1, lambda m, x: m._predict_stacked(x))
+        self._first = _flat_function(model, 2, lambda m, z, a: _split(m._unroll_dynamics()(z, a, None)))
+        self._next = _flat_function(model, 4, lambda m, z, a, h, c: _split(m._unroll_dynamics()(z, a, (h, c))))
+
+    def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None
+                 ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
+        out = self._first(latent, action) if hidden is None else self._next(latent, action, *hidden)
+        return out[0], (out[1], out[2]), out[3]
 
 
 def _walk(module: torch.nn.Module, out: list[Any]) -> None:
@@ -123,23 +166,43 @@ def _structure(model: torch.nn.Module) -> tuple[list[Any], tuple[int, ...]]:
     return held[1:], tuple(map(id, held))
 
 
-_cache: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[Any, ...], list[Any], SearchCalls | None]] = (
+#: structures kept per model: its train-mode and eval-mode ones, and a spare
+_KEEP = 3
+#: model -> {structure key: (held objects, {kind: calls or None})}; weak, so a dead model's graphs go with it
+_cache: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple[int, ...], tuple[list[Any], dict[str, Any]]]] = (
     weakref.WeakKeyDictionary())
+_KINDS: dict[str, Callable[[torch.nn.Module], Any]] = {"search": SearchCalls, "unroll": UnrollCalls}
+
+
+def _calls(model: Any, kind: str) -> Any:
+    needed = ("represent", "predict", "dynamics")
+    if not enabled or not isinstance(model, torch.nn.Module) or not all(hasattr(model, n) for n in needed):
+        return None
+    held, key = _structure(model)
+    entries = _cache.get(model)
+    if entries is None:
+        entries = _cache[model] = OrderedDict()
+    entry = entries.get(key)
+    if entry is None:
+        entry = entries[key] = (held, {})
+        while len(entries) > _KEEP:
+            entries.popitem(last=False)
+    entries.move_to_end(key)
+    made = entry[1]
+    if kind not in made:
+        try:
+            made[kind] = _KINDS[kind](model)
+        except Exception:  # untraceable Python in the model (fx raises its own kinds): its modules' calls serve
+            made[kind] = None
+    return made[kind]
 
 
 def search_calls(model: Any) -> SearchCalls | None:
     """`model`'s search calls as flat graphs, traced on first use and again when its structure changes;
     None for a model fx cannot trace or that is not an nn.Module with represent/predict/dynamics."""
-    calls_needed = ("represent", "predict", "dynamics")
-    if not enabled or not isinstance(model, torch.nn.Module) or not all(hasattr(model, n) for n in calls_needed):
-        return None
-    held, key = _structure(model)
-    cached = _cache.get(model)
-    if cached is not None and cached[0] == key:
-        return cached[2]
-    try:
-        calls: SearchCalls | None = SearchCalls(model)
-    except Exception:  # untraceable Python in the model (fx raises its own kinds): its modules' calls serve
-        calls = None
-    _cache[model] = (key, held, calls)
-    return calls
+    return _calls(model, "search")
+
+
+def unroll_calls(model: Any) -> UnrollCalls | None:
+    """The learner's unroll calls of `model` as flat graphs (as `search_calls`); None where they cannot be."""
+    return _calls(model, "unroll")

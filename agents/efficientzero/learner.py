@@ -302,7 +302,9 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
     """`loss_terms` on the stacked unroll: every step's cross-entropies in one op per head."""
     args = (batch["obs"], batch["actions"], int(hp["lstm_horizon_len"]))
     if params is None or _own_state(model, params, buffers or {}):  # the module's own tensors: nothing to swap in
-        out: StackedUnroll = model(*args, stacked=True)
+        # flat graphs in eager mode; torch.compile traces the modules itself
+        calls = None if torch.compiler.is_compiling() else flat_graphs.unroll_calls(model)
+        out: StackedUnroll = model(*args, stacked=True, calls=calls)
     else:
         out = functional_call(model, (dict(params), dict(buffers or {})), args, {"stacked": True})
     valid = batch["valid"].transpose(0, 1)  # [K+1, B]

@@ -418,7 +418,7 @@ class _ModelBase(nn.Module):
         return self.proj.prediction_head(proj)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor, lstm_horizon_len: int,
-                stacked: bool = False) -> Unroll | StackedUnroll:
+                stacked: bool = False, calls: Any = None) -> Unroll | StackedUnroll:
         """Unroll K = actions.shape[1] steps from obs[:, 0] along `actions` [B, K]; obs is [B, K+1, ...].
 
         The consistency targets (projections of the real observations obs[:, 1..K]) are computed
@@ -429,10 +429,11 @@ class _ModelBase(nn.Module):
         (dynamics) runs step by step; the prediction heads run once on all K+1 latents and the
         projection heads once on all K, and the LSTM's zero states are not multiplied. Each row's
         value is the same function of the weights (a pure rewrite: float64 results agree with the
-        step-by-step unroll to rounding), with about a third of the calls.
+        step-by-step unroll to rounding), with about a third of the calls. `calls` (stacked only; an
+        `agents.efficientzero.flat.UnrollCalls`) runs its pieces as flat graphs: the same ops, bit for bit.
         """
         if stacked:
-            return self._unroll_stacked(obs, actions, lstm_horizon_len)
+            return self._unroll_stacked(obs, actions, lstm_horizon_len, calls)
         B, K = actions.shape
         with torch.no_grad():
             nxt = obs[:, 1 : K + 1].reshape(B * K, *obs.shape[2:])
@@ -454,15 +455,19 @@ class _ModelBase(nn.Module):
                 hidden = self.initial_hidden(B)
         return out
 
-    def _unroll_stacked(self, obs: torch.Tensor, actions: torch.Tensor, lstm_horizon_len: int) -> StackedUnroll:
+    def _unroll_stacked(self, obs: torch.Tensor, actions: torch.Tensor, lstm_horizon_len: int,
+                        calls: Any = None) -> StackedUnroll:
         B, K = actions.shape
+        c = self if calls is None else calls
+        represent, project, project_predict = c.represent, c.project, c.project_predict
+        predict = self._predict_stacked if calls is None else calls.predict
         with torch.no_grad():
             nxt = obs[:, 1 : K + 1].reshape(B * K, *obs.shape[2:])
-            target_projections = self.project(self.represent(nxt)).reshape(B, K, -1)
-        latent = self.represent(obs[:, 0])
+            target_projections = project(represent(nxt)).reshape(B, K, -1)
+        latent = represent(obs[:, 0])
         latents, prefixes = [latent], []
         hidden: Hidden | None = None  # the zero state
-        dynamics = self._unroll_dynamics()
+        dynamics = self._unroll_dynamics() if calls is None else calls.dynamics
         for k in range(1, K + 1):
             latent, hidden, prefix_logits = dynamics(latent, actions[:, k - 1], hidden)
             if latent.requires_grad:
@@ -471,8 +476,8 @@ class _ModelBase(nn.Module):
             prefixes.append(prefix_logits)
             if k % lstm_horizon_len == 0:
                 hidden = None
-        policy, value = self._predict_stacked(torch.cat(latents))
-        predicted = self.project_predict(self.project(torch.cat(latents[1:])))
+        policy, value = predict(torch.cat(latents))
+        predicted = project_predict(project(torch.cat(latents[1:])))
         return StackedUnroll(policy.reshape(K + 1, B, -1), value.reshape(K + 1, B, -1), torch.stack(prefixes),
                              predicted.reshape(K, B, -1), target_projections)
 

@@ -1,5 +1,6 @@
-"""The search's flat graphs (agents/efficientzero/flat.py) compute the modules' outputs bit for bit,
-follow the model through mutations and in-place updates, and step aside where fx cannot trace."""
+"""The flat graphs (agents/efficientzero/flat.py) of the search and of the learner's unroll compute the
+modules' outputs (and gradients) bit for bit, follow the model through mutations and in-place updates,
+and step aside where fx cannot trace."""
 
 import gc
 import weakref
@@ -129,6 +130,73 @@ def test_a_mutation_traces_again():
         _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
     model.train()  # a training flag is part of the structure
     assert flat.search_calls(model) is not calls
+
+
+def test_train_and_eval_structures_stay_cached():
+    """A member searches in eval mode and learns in train mode, in turns: neither traces again."""
+    model = _model(torch.float32)
+    search = flat.search_calls(model)
+    model.train()
+    unroll = flat.unroll_calls(model)
+    assert unroll is not None and flat.search_calls(model) is not search
+    model.eval()
+    assert flat.search_calls(model) is search
+    model.train()
+    assert flat.unroll_calls(model) is unroll
+
+
+def _unroll_batch(dtype, B=6, K=5):
+    gen = torch.Generator().manual_seed(2)
+    return torch.randn(B, K + 1, 4, generator=gen, dtype=dtype), torch.randint(0, 2, (B, K), generator=gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("arch", [{}, {"blocks": [64, 32], "activation": "GELU"}, {"activation": "Tanh", "lstm_hidden_size": 32}])
+def test_the_unroll_through_flat_graphs_equals_the_modules_with_its_gradients(dtype, arch):
+    """The learner's stacked unroll (K = 5, LSTM reset after step 2 and 4) with `calls`: every output and
+    every parameter's gradient equal to the modules' bit for bit, the halved latent gradients included."""
+    model = _model(dtype, **arch).train()
+    obs, actions = _unroll_batch(dtype)
+    calls = flat.unroll_calls(model)
+    assert calls is not None
+
+    def run(calls):
+        model.zero_grad(set_to_none=True)
+        out = model(obs, actions, 2, stacked=True, calls=calls)
+        loss = sum((t.double() * (i + 1)).sin().sum() for i, t in enumerate(out[:4]))  # target_projections: no grad
+        loss.backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (out_m, grads_m), (out_f, grads_f) = run(None), run(calls)
+    _assert_identical(tuple(out_f), tuple(out_m))
+    assert grads_f.keys() == grads_m.keys()
+    for name in grads_m:
+        assert torch.equal(grads_f[name], grads_m[name]), name
+
+
+def test_an_update_on_the_fast_path_learns_through_the_flat_graphs():
+    """`learner.loss_terms` with the module's own parameters (None, as `update` passes them) goes through
+    the unroll's flat graphs and gives the terms the modules give."""
+    model = _model(torch.float32).train()
+    obs, actions = _unroll_batch(torch.float32, B=8)
+    B, K = actions.shape
+    gen = torch.Generator().manual_seed(3)
+    batch = {"obs": obs, "actions": actions,
+             "value_target": torch.softmax(torch.randn(B, K + 1, 51, generator=gen), -1),
+             "value_prefix_target": torch.softmax(torch.randn(B, K, 11, generator=gen), -1),
+             "policy_target": torch.softmax(torch.randn(B, K + 1, 2, generator=gen), -1),
+             "valid": torch.ones(B, K + 1), "mask": torch.ones(B, K), "weights": torch.rand(B, generator=gen)}
+    hp = {"value_weight": 0.25, "policy_weight": 1.0, "value_prefix_weight": 1.0, "consistency_weight": 2.0,
+          "lstm_horizon_len": 2}
+    traced = learner.loss_terms(model, None, None, batch, hp)
+    assert any(made.get("unroll") is not None for _, made in flat._cache[model].values())  # it went through them
+    old, flat.enabled = flat.enabled, False
+    try:
+        plain = learner.loss_terms(model, None, None, batch, hp)
+    finally:
+        flat.enabled = old
+    for name in plain:
+        assert torch.equal(traced[name], plain[name]), name
 
 
 def test_the_cache_does_not_keep_a_model_alive():
