@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from agents.efficientzero import learner
+from agents.efficientzero.agent import EfficientZeroAgent
+from agents.efficientzero.model import build_model
 from agents.efficientzero.targets import bootstrap_rows, nstep_value_targets
 from tests.efficientzero.test_agent import SMALL_CONV_ARCH, make
 
@@ -163,3 +165,22 @@ def test_float32_updates_agree_to_rounding():
         weights[path] = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert (weights["baseline"] - start).abs().max() > 1e-2
     assert (weights["fast"] - weights["baseline"]).abs().max() < 1e-5
+
+
+def test_set_training_sets_the_flags_module_train_sets():
+    class Frozen(torch.nn.Module):  # a module with its own rule: stays in eval mode
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def train(self, mode: bool = True):
+            return super().train(False)
+
+    model = build_model((4,), 2, EfficientZeroAgent.default_arch())
+    model.extra = Frozen()
+    for mode in (True, False, True):
+        learner.set_training(model, mode)
+        flags = [(name, m.training) for name, m in model.named_modules()]
+        model.train(mode)
+        assert flags == [(name, m.training) for name, m in model.named_modules()]
+        assert model.extra.training is False and model.extra.inner.training is False

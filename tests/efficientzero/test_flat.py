@@ -223,3 +223,17 @@ def test_the_baseline_path_searches_through_the_modules():
     with learner.use_path("baseline"):
         assert flat.search_calls(model) is None
     assert flat.search_calls(model) is not None
+
+
+
+def test_bootstrap_values_through_the_flat_graph_are_the_modules():
+    model = _model(torch.float32)
+    obs = torch.randn(5, 11, 4, generator=torch.Generator().manual_seed(4))
+    rows = np.random.default_rng(0).random((5, 11)) < 0.4
+    traced = learner.bootstrap_values(model, obs, rows)
+    old, flat.enabled = flat.enabled, False
+    try:
+        plain = learner.bootstrap_values(model, obs, rows)
+    finally:
+        flat.enabled = old
+    assert np.array_equal(traced, plain) and np.count_nonzero(traced) == rows.sum()
