@@ -24,6 +24,7 @@ the modules.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -172,6 +173,7 @@ _KEEP = 3
 _cache: weakref.WeakKeyDictionary[torch.nn.Module, OrderedDict[tuple[int, ...], tuple[list[Any], dict[str, Any]]]] = (
     weakref.WeakKeyDictionary())
 _KINDS: dict[str, Callable[[torch.nn.Module], Any]] = {"search": SearchCalls, "unroll": UnrollCalls}
+_lock = threading.Lock()  # the cache is process-wide; members in threads of one process share it
 
 
 def _calls(model: Any, kind: str) -> Any:
@@ -179,22 +181,23 @@ def _calls(model: Any, kind: str) -> Any:
     if not enabled or not isinstance(model, torch.nn.Module) or not all(hasattr(model, n) for n in needed):
         return None
     held, key = _structure(model)
-    entries = _cache.get(model)
-    if entries is None:
-        entries = _cache[model] = OrderedDict()
-    entry = entries.get(key)
-    if entry is None:
-        entry = entries[key] = (held, {})
-        while len(entries) > _KEEP:
-            entries.popitem(last=False)
-    entries.move_to_end(key)
-    made = entry[1]
-    if kind not in made:
-        try:
-            made[kind] = _KINDS[kind](model)
-        except Exception:  # untraceable Python in the model (fx raises its own kinds): its modules' calls serve
-            made[kind] = None
-    return made[kind]
+    with _lock:
+        entries = _cache.get(model)
+        if entries is None:
+            entries = _cache[model] = OrderedDict()
+        entry = entries.get(key)
+        if entry is None:
+            entry = entries[key] = (held, {})
+            while len(entries) > _KEEP:
+                entries.popitem(last=False)
+        entries.move_to_end(key)
+        made = entry[1]
+        if kind not in made:
+            try:
+                made[kind] = _KINDS[kind](model)
+            except Exception:  # untraceable Python in the model (fx raises its own kinds): its modules' calls serve
+                made[kind] = None
+        return made[kind]
 
 
 def search_calls(model: Any) -> SearchCalls | None:
