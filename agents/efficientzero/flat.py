@@ -17,7 +17,8 @@ and the training flags (a model is in train mode while it learns and in eval mod
 both structures stay cached). A mutation that swaps a module or a parameter makes a new structure and
 the next call traces again (~10 ms a graph); an optimiser step or `load_state_dict` writes the same
 tensors in place and keeps the graphs. A model fx cannot trace (Python control flow on a tensor's
-shape, as in the conv variant's 1x1 convolutions) keeps its modules' calls: both functions return None.
+shape, as in the conv variant's 1x1 convolutions), or one with forward or backward hooks on a module
+(or global ones, which a graph would skip), keeps its modules' calls: both functions return None.
 Only the model's own parameters are traced: callers that swap others in (`functional_call`, vmap) use
 the modules.
 """
@@ -151,20 +152,36 @@ class UnrollCalls:
         return out[0], (out[1], out[2]), out[3]
 
 
-def _walk(module: torch.nn.Module, out: list[Any]) -> None:
+def _hooked(module: torch.nn.Module) -> bool:
+    """Has `module` forward or backward hooks? A traced graph calls no module, so it would skip them."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _walk(module: torch.nn.Module, out: list[Any]) -> bool:
+    """Append `module`'s part of the structure to `out`; whether any module on the way has hooks."""
     out.extend((module, module.training, *module._parameters.values(), *module._buffers.values()))
+    hooked = _hooked(module)
     for child in module._modules.values():
         if child is not None:
-            _walk(child, out)
+            hooked = _walk(child, out) or hooked
+    return hooked
 
 
-def _structure(model: torch.nn.Module) -> tuple[list[Any], tuple[int, ...]]:
+def _global_hooks() -> bool:
+    m = torch.nn.modules.module
+    return bool(m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks
+                or m._global_backward_pre_hooks)
+
+
+def _structure(model: torch.nn.Module) -> tuple[list[Any], tuple[int, ...], bool]:
     """What a traced graph depends on, by identity: every submodule, its training flag, its parameters
     and buffers (read straight from the modules' dicts: ~15 µs, against ~100 for `modules()` and
-    `parameters()`). The objects are returned too: held by the cache, their ids cannot be reused."""
+    `parameters()`). The objects are returned too: held by the cache, their ids cannot be reused.
+    The flag: whether some module has hooks (then the modules run, hooks and all)."""
     held: list[Any] = []
-    _walk(model, held)
-    return held[1:], tuple(map(id, held))
+    hooked = _walk(model, held)
+    return held[1:], tuple(map(id, held)), hooked
 
 
 #: structures kept per model: its train-mode and eval-mode ones, and a spare
@@ -180,7 +197,9 @@ def _calls(model: Any, kind: str) -> Any:
     needed = ("represent", "predict", "dynamics")
     if not enabled or not isinstance(model, torch.nn.Module) or not all(hasattr(model, n) for n in needed):
         return None
-    held, key = _structure(model)
+    held, key, hooked = _structure(model)
+    if hooked or _global_hooks():
+        return None
     with _lock:
         entries = _cache.get(model)
         if entries is None:

@@ -237,3 +237,21 @@ def test_bootstrap_values_through_the_flat_graph_are_the_modules():
     finally:
         flat.enabled = old
     assert np.array_equal(traced, plain) and np.count_nonzero(traced) == rows.sum()
+
+
+def test_a_model_with_hooks_keeps_its_module_calls():
+    """A graph calls no module, so it would skip hooks: a hooked model (or any global hook) runs its modules."""
+    model = _model(torch.float32)
+    assert flat.search_calls(model) is not None
+    seen = []
+    handle = model.prediction.fc_out.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    assert flat.search_calls(model) is None and flat.unroll_calls(model) is None
+    _search(model, 0)
+    assert len(seen) == 13  # the root and 12 simulations, each through the hooked layer
+    handle.remove()
+    assert flat.search_calls(model) is not None
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        assert flat.search_calls(model) is None
+    finally:
+        handle.remove()
