@@ -2,6 +2,7 @@
 modules' outputs (and gradients) bit for bit, follow the model through mutations and in-place updates,
 and step aside where fx cannot trace."""
 
+import contextlib
 import gc
 import weakref
 
@@ -69,15 +70,21 @@ def test_flat_calls_equal_the_modules_bit_for_bit(dtype, arch):
     _assert_identical(_flat_calls(calls, *inputs), _module_calls(model, *inputs))
 
 
-def _search(model, seed, search="puct", enabled=True):
-    obs = np.random.default_rng(seed).normal(size=(9, 4)).astype(np.float32)
+@contextlib.contextmanager
+def _flat_graphs(enabled):
+    """`flat.enabled` inside the block (alone: `learner.use_path` would change the learner's path too)."""
     old, flat.enabled = flat.enabled, enabled
     try:
-        out = BatchedMCTS(MCTSConfig(num_simulations=12, discount=0.99, search=search)).run(
-            model, obs, np.random.default_rng(seed), add_noise=True)
+        yield
     finally:
         flat.enabled = old
-    return out
+
+
+def _search(model, seed, search="puct", enabled=True):
+    obs = np.random.default_rng(seed).normal(size=(9, 4)).astype(np.float32)
+    with _flat_graphs(enabled):
+        return BatchedMCTS(MCTSConfig(num_simulations=12, discount=0.99, search=search)).run(
+            model, obs, np.random.default_rng(seed), add_noise=True)
 
 
 @pytest.mark.parametrize("search", ["puct", "gumbel"])
@@ -190,11 +197,8 @@ def test_an_update_on_the_fast_path_learns_through_the_flat_graphs():
           "lstm_horizon_len": 2}
     traced = learner.loss_terms(model, None, None, batch, hp)
     assert any(made.get("unroll") is not None for _, made in flat._cache[model].values())  # it went through them
-    old, flat.enabled = flat.enabled, False
-    try:
+    with _flat_graphs(False):
         plain = learner.loss_terms(model, None, None, batch, hp)
-    finally:
-        flat.enabled = old
     for name in plain:
         assert torch.equal(traced[name], plain[name]), name
 
@@ -231,11 +235,8 @@ def test_bootstrap_values_through_the_flat_graph_are_the_modules():
     obs = torch.randn(5, 11, 4, generator=torch.Generator().manual_seed(4))
     rows = np.random.default_rng(0).random((5, 11)) < 0.4
     traced = learner.bootstrap_values(model, obs, rows)
-    old, flat.enabled = flat.enabled, False
-    try:
+    with _flat_graphs(False):
         plain = learner.bootstrap_values(model, obs, rows)
-    finally:
-        flat.enabled = old
     assert np.array_equal(traced, plain) and np.count_nonzero(traced) == rows.sum()
 
 
