@@ -49,6 +49,17 @@ class _Inline(fx.Tracer):
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return False
 
+    def call_module(self, m: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            return super().call_module(m, forward, args, kwargs)
+        # a batch norm checks its input's rank in Python, which fx cannot trace; the check is validation only
+        # (the same shapes meet it on the modules' path), so it is left out of the graph
+        m.__dict__["_check_input_dim"] = lambda x: None
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            del m.__dict__["_check_input_dim"]
+
 
 class _Call(torch.nn.Module):
     """`fn(model, *inputs)` as a module fx can trace (a fixed number of named inputs: fx cannot trace *args)."""
@@ -56,6 +67,11 @@ class _Call(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, fn: Callable[..., Any]) -> None:
         super().__init__()
         self.model, self.fn = model, fn
+
+
+class _Call0(_Call):
+    def forward(self) -> Any:
+        return self.fn(self.model)
 
 
 class _Call1(_Call):
@@ -68,12 +84,22 @@ class _Call2(_Call):
         return self.fn(self.model, a, b)
 
 
+class _Call3(_Call):
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> Any:
+        return self.fn(self.model, a, b, c)
+
+
 class _Call4(_Call):
     def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> Any:
         return self.fn(self.model, a, b, c, d)
 
 
-_ARITY = {1: _Call1, 2: _Call2, 4: _Call4}
+class _Call5(_Call):
+    def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, e: torch.Tensor) -> Any:
+        return self.fn(self.model, a, b, c, d, e)
+
+
+_ARITY = {0: _Call0, 1: _Call1, 2: _Call2, 3: _Call3, 4: _Call4, 5: _Call5}
 
 
 def _flat_function(model: torch.nn.Module, arity: int, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,11 +109,11 @@ def _flat_function(model: torch.nn.Module, arity: int, fn: Callable[..., Any]) -
     root = _ARITY[arity](model, fn)
     graph = _Inline().trace(root)
     inputs = [n for n in graph.nodes if n.op == "placeholder"]
-    last, tensors = inputs[-1], []
+    last, tensors = (inputs[-1] if inputs else None), []
     for node in list(graph.nodes):
         if node.op != "get_attr":
             continue
-        with graph.inserting_after(last):
+        with graph.inserting_after(last) if last is not None else graph.inserting_before(next(iter(graph.nodes))):
             last = graph.placeholder(f"p{len(tensors)}")
         node.replace_all_uses_with(last)
         graph.erase_node(node)
@@ -135,21 +161,29 @@ class SearchCalls:
 
 class UnrollCalls:
     """The calls of the learner's stacked unroll (`_ModelBase._unroll_stacked`'s `calls`): `represent`,
-    `project`, `project_predict`, `predict` (the model's `_predict_stacked`) and `dynamics` (its
-    `_unroll_dynamics()` step; a None state is the zero state, a graph of its own)."""
+    `project`, `project_predict`, `predict` (the model's `_predict_stacked`) and `unroll_dynamics()` (the
+    model's: what the steps share, `_unroll_shared`, once per unroll, then its `_unroll_step` per step;
+    a None state is the zero state, a graph of its own)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         self.represent = _flat_function(model, 1, lambda m, x: m.represent(x))
         self.project = _flat_function(model, 1, lambda m, x: m.project(x))
         self.project_predict = _flat_function(model, 1, lambda m, x: m.project_predict(x))
         self.predict = _flat_function(model, 1, lambda m, x: m._predict_stacked(x))
-        self._first = _flat_function(model, 2, lambda m, z, a: _split(m._unroll_dynamics()(z, a, None)))
-        self._next = _flat_function(model, 4, lambda m, z, a, h, c: _split(m._unroll_dynamics()(z, a, (h, c))))
+        n = len(model._unroll_shared())
+        self._shared = _flat_function(model, 0, lambda m: tuple(m._unroll_shared())) if n else (lambda: ())
+        self._first = _flat_function(model, 2 + n, lambda m, z, a, *s: _split(m._unroll_step(z, a, None, *s)))
+        self._next = _flat_function(model, 4 + n, lambda m, z, a, h, c, *s: _split(m._unroll_step(z, a, (h, c), *s)))
 
-    def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None
-                 ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
-        out = self._first(latent, action) if hidden is None else self._next(latent, action, *hidden)
-        return out[0], (out[1], out[2]), out[3]
+    def unroll_dynamics(self) -> Callable[[torch.Tensor, torch.Tensor, Hidden | None], tuple[torch.Tensor, Hidden, torch.Tensor]]:
+        """The step function of one unroll (as the model's `_unroll_dynamics()`)."""
+        shared = self._shared()
+
+        def step(latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
+            out = self._first(latent, action, *shared) if hidden is None else self._next(latent, action, *hidden, *shared)
+            return out[0], (out[1], out[2]), out[3]
+
+        return step
 
 
 def _hooked(module: torch.nn.Module) -> bool:

@@ -78,7 +78,8 @@ def _conv1x1(x: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
     """`conv(x)` for a 1x1, stride-1 conv as one batched matrix product over the pixels (the same
     sums). For the learner's small images (10x10, 16 -> 4 channels) its forward + backward took
     0.18 ms against oneDNN's 0.46 at batch 64, 0.78 against 1.73 at batch 384 (one CPU thread)."""
-    B, C, H, W = x.shape
+    # the sizes read one by one, not unpacked: fx traces `x.shape[i]` but cannot iterate a traced shape
+    B, C, H, W = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
     weight = conv.weight.reshape(1, -1, C).expand(B, -1, -1)
     pixels = x.reshape(B, C, H * W)
     if conv.bias is None:
@@ -292,7 +293,7 @@ class DynamicsNetwork(nn.Module):
         action part of `forward`'s input is one of A images (plane a all ones), so its convolution
         is a table of A maps (their borders differ: zero padding), computed once per unroll."""
         A, w = self.action_encoding_dim, self.conv.weight
-        planes = torch.eye(A, dtype=w.dtype, device=w.device)[:, :, None, None].expand(A, A, *hw)
+        planes = w.new_ones(A).diag()[:, :, None, None].expand(A, A, *hw)  # eye(A) in w's dtype, traceable
         return F.conv2d(planes, w[:, -A:], padding=self.conv.padding)
 
     def forward_action(self, latent: torch.Tensor, action: torch.Tensor, reward_hidden_state: Hidden | None,
@@ -315,14 +316,16 @@ class DynamicsNetwork(nn.Module):
         next_latent_state = _minmax(x)
         r = self.act(self.norm_reward(reward_conv(next_latent_state)))
         r = r.reshape(r.shape[0], self.flatten_output_size_for_reward_head)
-        squeeze = reward_hidden_state is not None and reward_hidden_state[0].dim() == 3
-        hc = reward_hidden_state
-        if squeeze:
-            hc = (reward_hidden_state[0].squeeze(0), reward_hidden_state[1].squeeze(0))
+        # either state layout ([B, H] or nn.LSTM's [1, B, H]) in and the same out, by reshapes rather than a
+        # branch on the state's rank: the same values, and fx traces it (no Python test of a tensor's shape)
+        hc, size = reward_hidden_state, self.lstm_hidden_size
+        if hc is not None:
+            hc = (hc[0].reshape(-1, size), hc[1].reshape(-1, size))
         h, c = self.lstm(r, hc)
         value_prefix = self.fc_reward_head(self.act(self.norm_value_prefix(h)))
-        next_hidden = (h.unsqueeze(0), c.unsqueeze(0)) if squeeze else (h, c)
-        return next_latent_state, next_hidden, value_prefix
+        if reward_hidden_state is not None:
+            h, c = h.reshape(reward_hidden_state[0].shape), c.reshape(reward_hidden_state[1].shape)
+        return next_latent_state, (h, c), value_prefix
 
     def get_dynamic_mean(self) -> float:
         """Mean of the dynamics conv weights (a cheap health statistic LightZero logs)."""
@@ -467,7 +470,7 @@ class _ModelBase(nn.Module):
         latent = represent(obs[:, 0])
         latents, prefixes = [latent], []
         hidden: Hidden | None = None  # the zero state
-        dynamics = self._unroll_dynamics() if calls is None else calls.dynamics
+        dynamics = self._unroll_dynamics() if calls is None else calls.unroll_dynamics()
         for k in range(1, K + 1):
             latent, hidden, prefix_logits = dynamics(latent, actions[:, k - 1], hidden)
             if latent.requires_grad:
@@ -482,9 +485,18 @@ class _ModelBase(nn.Module):
                              predicted.reshape(K, B, -1), target_projections)
 
     def _unroll_dynamics(self) -> DynamicsStep:
-        """The step function of the stacked unroll: `dynamics`, or an equal one that precomputes
-        what every step shares (a model's override)."""
-        return self.dynamics
+        """The step function of one stacked unroll: `_unroll_step` with `_unroll_shared()` computed once."""
+        shared = self._unroll_shared()
+        return lambda latent, action, hidden: self._unroll_step(latent, action, hidden, *shared)
+
+    def _unroll_shared(self) -> tuple[torch.Tensor, ...]:
+        """What every step of one stacked unroll shares, computed once per unroll (a model's override)."""
+        return ()
+
+    def _unroll_step(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None, *shared: torch.Tensor
+                     ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
+        """One step of the stacked unroll given `_unroll_shared()`: `dynamics`, or an equal override."""
+        return self.dynamics(latent, action, hidden)
 
     def _predict_stacked(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`predict` on the stacked unroll's K+1 latents (an override may compute it differently)."""
@@ -637,14 +649,17 @@ class EfficientZeroConv(_ModelBase):
     def dynamics(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None
                  ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
         planes = _one_hot(action, self.action_space_size, latent)
-        planes = planes[:, :, None, None].expand(-1, -1, *latent.shape[-2:])
+        planes = planes[:, :, None, None].expand(-1, -1, latent.shape[2], latent.shape[3])
         return self.dynamics_network(torch.cat([latent, planes], dim=1), hidden)
 
-    def _unroll_dynamics(self) -> DynamicsStep:
+    def _unroll_shared(self) -> tuple[torch.Tensor, ...]:
+        """The action planes' convolutions (`DynamicsNetwork.action_maps`), once per unroll."""
+        return (self.dynamics_network.action_maps(self.hw),)
+
+    def _unroll_step(self, latent: torch.Tensor, action: torch.Tensor, hidden: Hidden | None, *shared: torch.Tensor
+                     ) -> tuple[torch.Tensor, Hidden, torch.Tensor]:
         """`dynamics` with the action planes' convolution looked up (`DynamicsNetwork.forward_action`)."""
-        net = self.dynamics_network
-        maps = net.action_maps(self.hw)
-        return lambda latent, action, hidden: net.forward_action(latent, action, hidden, maps)
+        return self.dynamics_network.forward_action(latent, action, hidden, shared[0])
 
     def _predict_stacked(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`predict` with its 1x1 conv as a batched matrix product (`_conv1x1`: the same sums)."""

@@ -158,7 +158,8 @@ def _unroll_batch(dtype, B=6, K=5):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("arch", [{}, {"blocks": [64, 32], "activation": "GELU"}, {"activation": "Tanh", "lstm_hidden_size": 32}])
+@pytest.mark.parametrize("arch", [{}, {"blocks": [64, 32], "activation": "GELU"}, {"activation": "Tanh", "lstm_hidden_size": 32},
+                                  {"norm_type": "BN"}])
 def test_the_unroll_through_flat_graphs_equals_the_modules_with_its_gradients(dtype, arch):
     """The learner's stacked unroll (K = 5, LSTM reset after step 2 and 4) with `calls`: every output and
     every parameter's gradient equal to the modules' bit for bit, the halved latent gradients included."""
@@ -212,13 +213,109 @@ def test_the_cache_does_not_keep_a_model_alive():
     assert ref() is None
 
 
-def test_the_conv_variant_and_other_models_keep_their_module_calls():
-    arch = {**EfficientZeroAgent.default_arch(), "variant": "conv", "channels": 8, "num_res_blocks": 1}
-    conv = build_model((4, 10, 10), 3, arch).eval()
-    assert flat.search_calls(conv) is None  # its 1x1 convolutions unpack a tensor's shape in Python
-    obs = np.random.default_rng(0).random((3, 4, 10, 10)).astype(np.float32)
-    out = BatchedMCTS(MCTSConfig(num_simulations=4)).run(conv, obs)
-    assert out.visit_counts.sum(1).tolist() == [4, 4, 4]
+#: the suite's MinAtar conv model, smaller
+CONV = {"variant": "conv", "channels": 8, "num_res_blocks": 1, "reward_head_channels": 4, "head_channels": 4, "width": 32,
+        "lstm_hidden_size": 16, "fc_reward_layers": [16], "proj_size": 32, "value_support": 10, "reward_support": 5,
+        "downsample": False, "norm_type": "LN"}
+
+
+def _conv_model(dtype, **arch):
+    model = build_model((4, 10, 10), 3, {**EfficientZeroAgent.default_arch(), **CONV, **arch},
+                        torch.Generator().manual_seed(0)).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=dtype) * 0.2)
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("arch", [{}, {"norm_type": "BN", "activation": "GELU"}, {"num_res_blocks": 2, "dyn_res_blocks": 0},
+                                  {"downsample": True}])
+def test_the_conv_variant_through_flat_graphs_equals_the_modules_with_its_gradients(dtype, arch):
+    """The MinAtar model: the search's calls, and the learner's unroll (its action maps computed once per
+    unroll, its 1x1 convolutions as batched products) with every parameter's gradient, bit for bit."""
+    model = _conv_model(dtype, **arch).eval()
+    gen = torch.Generator().manual_seed(1)
+    obs = (torch.rand(5, 4, 10, 10, generator=gen) < 0.3).to(torch.uint8)
+    latent = torch.rand(model.represent(obs).shape, generator=gen, dtype=dtype)
+    action = torch.randint(0, 3, (5,), generator=gen)
+    hidden = (torch.randn(5, 16, generator=gen, dtype=dtype), torch.randn(5, 16, generator=gen, dtype=dtype))
+    calls = flat.search_calls(model)
+    assert calls is not None
+    with torch.inference_mode():
+        _assert_identical(_flat_calls(calls, obs, latent, action, hidden), _module_calls(model, obs, latent, action, hidden))
+
+    model.train()
+    unroll = flat.unroll_calls(model)
+    assert unroll is not None
+    obs_k = (torch.rand(6, 6, 4, 10, 10, generator=gen) < 0.3).to(torch.uint8)
+    actions = torch.randint(0, 3, (6, 5), generator=gen)
+
+    def run(calls):
+        model.zero_grad(set_to_none=True)
+        out = model(obs_k, actions, 2, stacked=True, calls=calls)
+        (sum((t.double() * (i + 1)).sin().sum() for i, t in enumerate(out[:4]))).backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (out_m, grads_m), (out_f, grads_f) = run(None), run(unroll)
+    _assert_identical(tuple(out_f), tuple(out_m))
+    assert grads_f.keys() == grads_m.keys()
+    for name in grads_m:
+        assert torch.equal(grads_f[name], grads_m[name]), name
+
+
+def test_a_conv_search_through_flat_graphs_is_the_search_through_modules_and_follows_a_new_block():
+    model = _conv_model(torch.float32).eval()
+    obs = (np.random.default_rng(0).random((4, 4, 10, 10)) < 0.3).astype(np.uint8)
+
+    def search(enabled):
+        with _flat_graphs(enabled):
+            search = BatchedMCTS(MCTSConfig(num_simulations=8, discount=0.99))
+            return search.run(model, obs, np.random.default_rng(1), add_noise=True)
+
+    before = flat.search_calls(model)
+    for _ in range(2):
+        a, b = search(True), search(False)
+        for field in ("visit_counts", "root_values", "policy", "action"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), field
+        model.add_res_block("dynamics")  # identity-initialised: a new structure, the same outputs
+        model.eval()
+    assert flat.search_calls(model) is not before
+
+
+def test_the_dynamics_keep_either_lstm_state_layout():
+    """[B, H] in, [B, H] out; nn.LSTM's [1, B, H] in, [1, B, H] out; the same values."""
+    model = _conv_model(torch.float64).eval()
+    gen = torch.Generator().manual_seed(5)
+    latent = torch.rand(3, 8, 10, 10, generator=gen, dtype=torch.float64)
+    action = torch.tensor([0, 2, 1])
+    h, c = torch.randn(3, 16, generator=gen, dtype=torch.float64), torch.randn(3, 16, generator=gen, dtype=torch.float64)
+    flat_out = model.dynamics(latent, action, (h, c))
+    lstm_out = model.dynamics(latent, action, (h[None], c[None]))
+    assert flat_out[1][0].shape == (3, 16) and lstm_out[1][0].shape == (1, 3, 16)
+    _assert_identical((lstm_out[0], lstm_out[1][0][0], lstm_out[1][1][0], lstm_out[2]),
+                      (flat_out[0], flat_out[1][0], flat_out[1][1], flat_out[2]))
+
+
+class _ShapeBranching(torch.nn.Module):
+    """A model whose predict branches on a tensor's size in Python, which fx cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _model(torch.float32)
+
+    def represent(self, obs):
+        return self.inner.represent(obs)
+
+    def predict(self, latent):
+        return self.inner.predict(latent if latent.shape[0] > 1 else latent.clone())
+
+    def dynamics(self, latent, action, hidden):
+        return self.inner.dynamics(latent, action, hidden)
+
+
+def test_a_model_fx_cannot_trace_and_other_objects_keep_their_module_calls():
+    assert flat.search_calls(_ShapeBranching()) is None
     assert flat.search_calls(torch.nn.Linear(2, 2)) is None  # no represent/predict/dynamics
 
 
