@@ -272,3 +272,52 @@ def test_the_experiments_own_share_reaches_every_members_view() -> None:
         agents = [_Writer(0, context), _Writer(1, context)]
         results = InlineScheduler(threads=None, context=context).run_generation(agents, 30, generation=0)
         assert all(expected(r.train_metrics["own_drawn"]) for r in results), share
+
+
+def _tree_state(store: ReplayStore) -> tuple:
+    sampler = store._sampler
+    tree = sampler.tree
+    return (sampler.max_priority, tree.total, tree.min, tree.leaves.copy(), tree._pref.copy(), tree._bcum.copy())
+
+
+def test_a_views_priority_updates_are_joined_and_leave_the_store_as_each_one_would() -> None:
+    """A learner stages one priority update per gradient step; the view hands them back joined between
+    inserts (`StagedWrites.coalesced`). Applied, they leave the shared store exactly as the updates one
+    by one do: rows repeated within and across updates keep their last priority, the top priority counts
+    an overwritten value, rows not stored are skipped, inserts stay between the runs they split."""
+    base = shared()
+    stored = base.sample(64, seed=0).keys
+    view = MemberView(base, base.view_basis(), view_seed(3, 0, 0))
+    g = np.random.default_rng(5)
+    for step in range(12):
+        if step in (4, 9):
+            view.insert(rows(500 + step, 10))
+        keys = np.concatenate([g.choice(stored, 6), g.choice(stored, 2), np.array([12345], dtype=np.uint64)])
+        p = g.random(keys.size) + 0.05
+        p[0] = 50.0 if step == 2 else p[0]  # overwritten later or not, it raises the top priority
+        view.update_priorities(keys, p)
+    one_by_one, joined = shared(), shared()
+    for op in view._staged.ops:
+        if op[0] == "insert":
+            one_by_one.insert(op[1])
+        else:
+            one_by_one.update_priorities(op[1], op[2])
+    staged = view.staged()
+    assert [op[0] for op in staged.ops] == ["priorities", "insert", "priorities", "insert", "priorities"]
+    assert staged.rows == view._staged.rows == 20 and staged.priority_updates == view._staged.priority_updates
+    commit_views(joined, [(0, staged)])
+    for a, b in zip(_tree_state(joined), _tree_state(one_by_one)):
+        assert np.array_equal(a, b)
+    assert joined._sampler.max_priority == 50.0
+    for seed in range(3):
+        x, y = joined.sample_sequences(32, 4, seed=seed), one_by_one.sample_sequences(32, 4, seed=seed)
+        assert np.array_equal(x.keys, y.keys) and np.array_equal(x.weights, y.weights)
+
+
+def test_a_row_set_twice_in_one_priority_update_keeps_the_last_value() -> None:
+    store = shared()
+    key = store.sample(1, seed=0).keys[:1]
+    store.update_priorities(np.repeat(key, 5), np.array([9.0, 1.0, 7.0, 3.0, 2.0]))
+    slot = store._index.lookup(key)[0]
+    assert store._sampler.tree.leaves[slot] == 2.0 ** store._sampler.alpha
+    assert store._sampler.max_priority >= 9.0

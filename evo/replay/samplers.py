@@ -114,6 +114,14 @@ class SumTree:
         idx = np.asarray(idx, dtype=np.int64)
         if not idx.size:
             return
+        values = np.asarray(values)
+        if idx.size > 1:
+            # a leaf set twice in one call keeps its last value (a prioritised batch can draw a row twice; a
+            # generation's coalesced priority updates repeat rows): numpy leaves repeated assignment's order open
+            _, first_from_end = np.unique(idx[::-1], return_index=True)
+            if first_from_end.size < idx.size:
+                last = np.sort(idx.size - 1 - first_from_end)
+                idx, values = idx[last], values[last]
         self.leaves[idx] = values
         lo, hi = int(idx.min()) // BLOCK, int(idx.max()) // BLOCK
         if hi - lo + 1 <= 2 * idx.size:  # compact span (fresh ring slots): refresh a slice of blocks

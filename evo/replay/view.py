@@ -280,8 +280,9 @@ class MemberView:
 
     # ---- the boundary --------------------------------------------------------------------------
     def staged(self) -> StagedWrites:
-        """This member's writes of the generation, for `commit_views` (plain data: ships over Ray)."""
-        return self._staged
+        """This member's writes of the generation, for `commit_views` (plain data: ships over Ray), with
+        consecutive priority updates joined (`StagedWrites.coalesced`: the same result, a fraction of the cost)."""
+        return self._staged.coalesced()
 
     def line_state(self) -> LineState | None:
         """With `own_rows = "line"`: the line store as it is now, detached from the view (plain
