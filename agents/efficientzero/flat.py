@@ -170,7 +170,8 @@ class UnrollCalls:
         self.project = _flat_function(model, 1, lambda m, x: m.project(x))
         self.project_predict = _flat_function(model, 1, lambda m, x: m.project_predict(x))
         self.predict = _flat_function(model, 1, lambda m, x: m._predict_stacked(x))
-        n = len(model._unroll_shared())
+        with torch.no_grad():  # only how many tensors the steps share
+            n = len(model._unroll_shared())
         self._shared = _flat_function(model, 0, lambda m: tuple(m._unroll_shared())) if n else (lambda: ())
         self._first = _flat_function(model, 2 + n, lambda m, z, a, *s: _split(m._unroll_step(z, a, None, *s)))
         self._next = _flat_function(model, 4 + n, lambda m, z, a, h, c, *s: _split(m._unroll_step(z, a, (h, c), *s)))
