@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evo import interrupts
+from evo.environ import environ_restored
 from evo.spec import SpecError
 
 if TYPE_CHECKING:
@@ -242,9 +243,8 @@ def run_log(path: Path, quiet: bool = False, preload: tuple[str, ...] = ()) -> I
     saved = [(lg, lg.level, lg.propagate) for lg in targets]
     removed: list[tuple[logging.Logger, logging.Handler]] = []
     added: list[tuple[logging.Logger, logging.Handler]] = []
-    env_before = {k: os.environ.get(k) for k in QUIET_ENV}
     hf_bars = _transformers_quiet(quiet)
-    with warnings.catch_warnings():
+    with environ_restored(QUIET_ENV), warnings.catch_warnings():
         logging.captureWarnings(True)  # warnings become records of `py.warnings`
         try:
             logging.getLogger("evo.run").setLevel(logging.INFO)
@@ -271,11 +271,6 @@ def run_log(path: Path, quiet: bool = False, preload: tuple[str, ...] = ()) -> I
             for lg, level, propagate in saved:
                 lg.setLevel(level)
                 lg.propagate = propagate
-            for k, v in env_before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
             if hf_bars is not None:
                 hf_bars()
             handler.close()
