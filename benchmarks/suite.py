@@ -41,6 +41,7 @@ refuses an OUT made with other overrides. `--first-seed S` runs seeds S..S+K-1 (
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -295,10 +296,17 @@ def run_evo(name: str, seed: int, quick: bool, previous: dict[str, Any] | None, 
             tmp.cleanup()
     c = observer.curve
     return {"seed": seed, "curve": c, "partial": partial, "wall_s": c[-1][1] if c else None, "heldout": held,
+            "file_sha256": file_digest((ROOT / TASKS[name]["file"]).read_text()),  # the file, before --quick/--set
             "train_return": train, "final_best": c[-1][2] if c else None, "peak_best": max((p[2] for p in c), default=None),
             "budget": exp.population.size * exp.population.generations * exp.population.steps_per_generation,
             "population": exp.population.size, "backend": exp.backend,
             "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+def file_digest(text: str) -> str:
+    """A short digest of an experiment file's text: a run records its file's, so a table can tell a row made
+    with the file as it is now from one made with an earlier version of it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run_peer(name: str, seed: int, env_id: str, budget: int, steps_per_generation: int) -> dict[str, Any]:
@@ -374,34 +382,45 @@ def peer_for(entry: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    """Per task, the best member's mean evaluation return against env steps (top row) and against wall
+    seconds (bottom row), with each peer run, the random policy, the target and the anchor: a point where
+    the anchor's env steps fall on the axis, else its text (MinAtar's anchors are at 10M steps)."""
     import matplotlib.pyplot as plt
 
     names = [n for n in results["tasks"] if results["tasks"][n].get("runs")]
     if not names:
         return
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 6.6), squeeze=False)
+    for col, name in enumerate(names):
         entry = results["tasks"][name]
-        for run in entry["runs"]:
-            c = np.asarray(run["curve"])
-            if len(c):
-                ax.plot(c[:, 0], c[:, 2], marker="o", ms=3, label=f"evo EZ seed {run['seed']}")
-        for peer in [entry.get("peer", {}), *entry.get("peer_more", [])]:
-            if peer.get("curve"):
-                c = np.asarray(peer["curve"])
-                ax.plot(c[:, 0], c[:, 2], ls="--", label=f"AgileRL DQN seed {peer.get('seed', 0)}")
-        if "random" in entry:
-            ax.axhline(entry["random"]["mean"], color="grey", ls=":", label="random")
-        target = entry.get("verdict", {}).get("target")
-        if target is not None:
-            ax.axhline(target, color="green", ls="-.", lw=0.8, label="target")
-        ax.set_title(name)
-        ax.set_xlabel("env steps (all members)")
-        ax.set_ylabel("best member, mean eval return")
-        ax.legend(fontsize=6)
+        for row, (x, xlabel) in enumerate([(0, "env steps (all members)"), (1, "wall seconds")]):
+            ax = axes[row][col]
+            for run in entry["runs"]:
+                c = np.asarray(run["curve"])
+                if len(c):
+                    ax.plot(c[:, x], c[:, 2], marker="o", ms=3, label=f"evo EZ seed {run['seed']}")
+            for peer in [entry.get("peer", {}), *entry.get("peer_more", [])]:
+                if peer.get("curve"):
+                    c = np.asarray(peer["curve"])
+                    ax.plot(c[:, x], c[:, 2], ls="--", label=f"AgileRL DQN seed {peer.get('seed', 0)}")
+            if "random" in entry:
+                ax.axhline(entry["random"]["mean"], color="grey", ls=":", label="random")
+            target = entry.get("verdict", {}).get("target")
+            if target is not None:
+                ax.axhline(target, color="green", ls="-.", lw=0.8, label="target")
+            anchor = entry.get("anchor") or {}
+            if row == 0 and anchor.get("env_steps"):
+                right = max([float(np.asarray(r["curve"])[:, 0].max()) for r in entry["runs"] if r.get("curve")] or [0.0])
+                if anchor["env_steps"] <= 1.5 * right:
+                    ax.plot([anchor["env_steps"]], [anchor["return"]], marker="*", ms=10, color="black", ls="",
+                            label=f"anchor: {anchor['text']}")
+                else:
+                    ax.text(0.02, 0.98, f"anchor (off the axis): {anchor['text']}", transform=ax.transAxes,
+                            fontsize=6, va="top")
+            ax.set_title(name)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("best member, mean eval return")
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -410,8 +429,8 @@ def table(results: dict[str, Any]) -> str:
     """The results as a markdown table (docs/benchmarks.md): one row per task and seed."""
     rows = ["| task | seed | env steps (all members) | wall s | best member, final (peak) | random | peer final "
             "| anchor | target | met | held-out: last elite / best checkpoint (random) | load at start/end "
-            "| mean train return, first → last generation |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| mean train return, first → last generation | made at |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in results["tasks"].items():
         v = entry.get("verdict", {})
         runs = [r for r in entry.get("runs", []) if r.get("curve")]
@@ -430,8 +449,22 @@ def table(results: dict[str, Any]) -> str:
                         f"| {random_cell(random_for(entry, run['seed']))} | {peer_text} "
                         f"| {entry['anchor']['text']} | {target} | {met} | {heldout_cell(run.get('heldout'))} "
                         f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} "
-                        f"| {train_cell(run.get('train_return'))} |")
+                        f"| {train_cell(run.get('train_return'))} | {made_cell(run, entry)} |")
     return "\n".join(rows)
+
+
+def made_cell(run: dict[str, Any], entry: dict[str, Any]) -> str:
+    """'1a2b3c4' (the commit the run was made at), with '(earlier file)' when its experiment file is not the
+    file as it is now; '?' where the run recorded neither (runs made before runs recorded them; see
+    docs/benchmarks.md for what is known of those)."""
+    commit = run.get("commit") or (run.get("provenance") or {}).get("commit")
+    text = commit[:7] if commit else "?"
+    digest = run.get("file_sha256")
+    if digest is None:
+        as_now = (run.get("provenance") or {}).get("file_as_now")
+        return text if as_now is None else text + ("" if as_now else " (earlier file)")
+    current = (ROOT / entry.get("file", "")).read_text() if (ROOT / entry.get("file", "")).is_file() else None
+    return text + ("" if current is not None and file_digest(current) == digest else " (earlier file)")
 
 
 def random_cell(rnd: dict[str, Any]) -> str:
@@ -538,6 +571,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 save()
 
             run = run_evo(name, seed, args.quick, prev, args.max_minutes, on_point, overrides)
+            # where the run came from: this call's commit and command (and the commit a continued run began at)
+            run.update({"commit": results["commit"], "command": results["command"]})
+            if prev is not None and prev.get("commit") not in (None, results["commit"]):
+                run["began_at_commit"] = prev.get("began_at_commit", prev["commit"])
             entry["runs"] = sorted([r for r in entry["runs"] if r["seed"] != seed] + [run], key=lambda r: r["seed"])
             print(f"suite {name} seed {seed}: final best {run['final_best']} after {run['curve'][-1][0]} env steps, "
                   f"{run['wall_s']} s{' (partial)' if run['partial'] else ''}", flush=True)

@@ -35,6 +35,9 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
         assert entry["verdict"]["heldout_finals"] == [held["last_elite"]["fitness"]], name
         assert entry["anchor"]["return"] is not None
         assert len(run["train_return"]) == len(run["curve"]) == 1, name  # the mean training return per generation
+        # where it came from: the call's commit and command, and a digest of its experiment file
+        assert run["commit"] == on_disk["commit"] and run["command"].startswith("python -m benchmarks.suite --quick")
+        assert run["file_sha256"] == suite.file_digest((suite.ROOT / entry["file"]).read_text()), name
     assert (tmp_path / "suite.png").stat().st_size > 0
     # --reuse keeps a finished run (its curve is not recomputed)
     stamped = json.loads(out.read_text())
@@ -44,6 +47,17 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
     assert again["tasks"]["cartpole"]["runs"][0]["curve"][-1][1] == 1234.5
     rows = suite.table(again).splitlines()
     assert len(rows) == 2 + len(suite.TASKS) and "| cartpole | 0 | 128 of 128 | 1234 |" in rows[2]
+    assert rows[2].endswith(f"| {on_disk['commit'][:7]} |")  # made at this commit, with the file as it is
+
+
+def test_the_table_says_which_runs_were_made_with_an_earlier_file() -> None:
+    entry = {"file": suite.TASKS["cartpole"]["file"]}
+    now = suite.file_digest((suite.ROOT / entry["file"]).read_text())
+    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": now}, entry) == "0123456"
+    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": "feedfacecafe"}, entry) == "0123456 (earlier file)"
+    # runs from before runs recorded it: what is known of them (docs/benchmarks.md), else '?'
+    assert suite.made_cell({"provenance": {"commit": "abcdef012345", "file_as_now": False}}, entry) == "abcdef0 (earlier file)"
+    assert suite.made_cell({}, entry) == "?"
 
 
 def test_random_policy_faces_the_evaluation_starts():
