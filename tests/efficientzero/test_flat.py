@@ -157,16 +157,9 @@ def _unroll_batch(dtype, B=6, K=5):
     return torch.randn(B, K + 1, 4, generator=gen, dtype=dtype), torch.randint(0, 2, (B, K), generator=gen)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("arch", [{}, {"blocks": [64, 32], "activation": "GELU"}, {"activation": "Tanh", "lstm_hidden_size": 32},
-                                  {"norm_type": "BN"}])
-def test_the_unroll_through_flat_graphs_equals_the_modules_with_its_gradients(dtype, arch):
-    """The learner's stacked unroll (K = 5, LSTM reset after step 2 and 4) with `calls`: every output and
-    every parameter's gradient equal to the modules' bit for bit, the halved latent gradients included."""
-    model = _model(dtype, **arch).train()
-    obs, actions = _unroll_batch(dtype)
-    calls = flat.unroll_calls(model)
-    assert calls is not None
+def _assert_unrolls_identical(model, obs, actions, calls):
+    """The stacked unroll (LSTM reset every 2 steps) through `calls` and through the modules: every output
+    and every parameter's gradient equal bit for bit, the halved latent gradients included."""
 
     def run(calls):
         model.zero_grad(set_to_none=True)
@@ -180,6 +173,19 @@ def test_the_unroll_through_flat_graphs_equals_the_modules_with_its_gradients(dt
     assert grads_f.keys() == grads_m.keys()
     for name in grads_m:
         assert torch.equal(grads_f[name], grads_m[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("arch", [{}, {"blocks": [64, 32], "activation": "GELU"}, {"activation": "Tanh", "lstm_hidden_size": 32},
+                                  {"norm_type": "BN"}])
+def test_the_unroll_through_flat_graphs_equals_the_modules_with_its_gradients(dtype, arch):
+    """The learner's stacked unroll (K = 5, LSTM reset after step 2 and 4) with `calls`: every output and
+    every parameter's gradient equal to the modules' bit for bit, the halved latent gradients included."""
+    model = _model(dtype, **arch).train()
+    obs, actions = _unroll_batch(dtype)
+    calls = flat.unroll_calls(model)
+    assert calls is not None
+    _assert_unrolls_identical(model, obs, actions, calls)
 
 
 def test_an_update_on_the_fast_path_learns_through_the_flat_graphs():
@@ -250,18 +256,7 @@ def test_the_conv_variant_through_flat_graphs_equals_the_modules_with_its_gradie
     assert unroll is not None
     obs_k = (torch.rand(6, 6, 4, 10, 10, generator=gen) < 0.3).to(torch.uint8)
     actions = torch.randint(0, 3, (6, 5), generator=gen)
-
-    def run(calls):
-        model.zero_grad(set_to_none=True)
-        out = model(obs_k, actions, 2, stacked=True, calls=calls)
-        (sum((t.double() * (i + 1)).sin().sum() for i, t in enumerate(out[:4]))).backward()
-        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    (out_m, grads_m), (out_f, grads_f) = run(None), run(unroll)
-    _assert_identical(tuple(out_f), tuple(out_m))
-    assert grads_f.keys() == grads_m.keys()
-    for name in grads_m:
-        assert torch.equal(grads_f[name], grads_m[name]), name
+    _assert_unrolls_identical(model, obs_k, actions, unroll)
 
 
 def test_a_conv_search_through_flat_graphs_is_the_search_through_modules_and_follows_a_new_block():
