@@ -385,6 +385,9 @@ def plot(results: dict[str, Any], path: str) -> None:
     """Per task, the best member's mean evaluation return against env steps (top row) and against wall
     seconds (bottom row), with each peer run, the random policy, the target and the anchor: a point where
     the anchor's env steps fall on the axis, else its text (MinAtar's anchors are at 10M steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = [n for n in results["tasks"] if results["tasks"][n].get("runs")]
