@@ -17,8 +17,9 @@ and the training flags (a model is in train mode while it learns and in eval mod
 both structures stay cached). A mutation that swaps a module or a parameter makes a new structure and
 the next call traces again (~10 ms a graph); an optimiser step or `load_state_dict` writes the same
 tensors in place and keeps the graphs. A model fx cannot trace (Python control flow on a tensor's
-shape, as in the conv variant's 1x1 convolutions), or one with forward or backward hooks on a module
-(or global ones, which a graph would skip), keeps its modules' calls: both functions return None.
+shape; the conv variant's was rewritten to read sizes by index), or one with forward or backward hooks
+on a module (or global ones, which a graph would skip), keeps its modules' calls: both functions return
+None.
 Only the model's own parameters are traced: callers that swap others in (`functional_call`, vmap) use
 the modules.
 """
