@@ -177,16 +177,19 @@ def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor, rows: np.
     """The target network's value of every row of the windows, [B, L] (numpy); with `rows` ([B, L]
     bool, `targets.bootstrap_rows`) only of those rows, the others 0."""
     B, L = obs.shape[:2]
+
+    def values_of(x: torch.Tensor) -> np.ndarray:
+        x = x.to(model_device(target_model))
+        calls = flat_graphs.search_calls(target_model)  # the search's first call: represent, then predict
+        _, tv_logits = target_model.predict(target_model.represent(x)) if calls is None else calls.initial_inference(x)[1:]
+        return support_to_scalar(tv_logits, target_model.value_support).cpu().numpy()
+
     with torch.inference_mode() if _path == "fast" else torch.no_grad():
         flat = obs.reshape(B * L, *obs.shape[2:])
         if rows is None:
-            _, tv_logits = target_model.predict(target_model.represent(flat.to(model_device(target_model))))
-            return support_to_scalar(tv_logits, target_model.value_support).reshape(B, L).cpu().numpy()
+            return values_of(flat).reshape(B, L)
         index = np.flatnonzero(rows.reshape(-1))
-        x = flat[torch.as_tensor(index)].to(model_device(target_model))
-        calls = flat_graphs.search_calls(target_model)  # the search's first call: represent, then predict
-        _, tv_logits = target_model.predict(target_model.represent(x)) if calls is None else calls.initial_inference(x)[1:]
-        values = support_to_scalar(tv_logits, target_model.value_support).cpu().numpy()
+        values = values_of(flat[torch.as_tensor(index)])
         out = np.zeros(B * L, dtype=values.dtype)
         out[index] = values
         return out.reshape(B, L)
