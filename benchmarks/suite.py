@@ -437,6 +437,8 @@ def table(results: dict[str, Any]) -> str:
     for name, entry in results["tasks"].items():
         v = entry.get("verdict", {})
         runs = [r for r in entry.get("runs", []) if r.get("curve")]
+        path = ROOT / entry.get("file", "")
+        current = file_digest(path.read_text()) if path.is_file() else None  # the task's file as it is now
         targets = (v.get("targets") or [v.get("target")] * len(runs)) if v else [None] * len(runs)
         for run, seed_target in zip(runs, targets):
             peer = peer_for(entry, run["seed"])
@@ -452,22 +454,21 @@ def table(results: dict[str, Any]) -> str:
                         f"| {random_cell(random_for(entry, run['seed']))} | {peer_text} "
                         f"| {entry['anchor']['text']} | {target} | {met} | {heldout_cell(run.get('heldout'))} "
                         f"| {run.get('loadavg_start', ['?'])[0]} / {run.get('loadavg_end', ['?'])[0]} "
-                        f"| {train_cell(run.get('train_return'))} | {made_cell(run, entry)} |")
+                        f"| {train_cell(run.get('train_return'))} | {made_cell(run, current)} |")
     return "\n".join(rows)
 
 
-def made_cell(run: dict[str, Any], entry: dict[str, Any]) -> str:
+def made_cell(run: dict[str, Any], current: str | None) -> str:
     """'1a2b3c4' (the commit the run was made at), with '(earlier file)' when its experiment file is not the
-    file as it is now; '?' where the run recorded neither (runs made before runs recorded them; see
-    docs/benchmarks.md for what is known of those)."""
+    file as it is now (`current`: that file's `file_digest`); '?' where the run recorded neither (runs made
+    before runs recorded them; see docs/benchmarks.md for what is known of those)."""
     commit = run.get("commit") or (run.get("provenance") or {}).get("commit")
     text = commit[:7] if commit else "?"
     digest = run.get("file_sha256")
     if digest is None:
         as_now = (run.get("provenance") or {}).get("file_as_now")
         return text if as_now is None else text + ("" if as_now else " (earlier file)")
-    current = (ROOT / entry.get("file", "")).read_text() if (ROOT / entry.get("file", "")).is_file() else None
-    return text + ("" if current is not None and file_digest(current) == digest else " (earlier file)")
+    return text + ("" if current is not None and current == digest else " (earlier file)")
 
 
 def random_cell(rnd: dict[str, Any]) -> str:

@@ -51,13 +51,12 @@ def test_every_task_runs_quick_with_random_and_verdict(tmp_path):
 
 
 def test_the_table_says_which_runs_were_made_with_an_earlier_file() -> None:
-    entry = {"file": suite.TASKS["cartpole"]["file"]}
-    now = suite.file_digest((suite.ROOT / entry["file"]).read_text())
-    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": now}, entry) == "0123456"
-    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": "feedfacecafe"}, entry) == "0123456 (earlier file)"
+    now = suite.file_digest((suite.ROOT / suite.TASKS["cartpole"]["file"]).read_text())
+    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": now}, now) == "0123456"
+    assert suite.made_cell({"commit": "0123456789ab", "file_sha256": "feedfacecafe"}, now) == "0123456 (earlier file)"
     # runs from before runs recorded it: what is known of them (docs/benchmarks.md), else '?'
-    assert suite.made_cell({"provenance": {"commit": "abcdef012345", "file_as_now": False}}, entry) == "abcdef0 (earlier file)"
-    assert suite.made_cell({}, entry) == "?"
+    assert suite.made_cell({"provenance": {"commit": "abcdef012345", "file_as_now": False}}, now) == "abcdef0 (earlier file)"
+    assert suite.made_cell({}, now) == "?"
 
 
 def test_random_policy_faces_the_evaluation_starts():
