@@ -78,12 +78,27 @@ def test_random_policy_faces_the_evaluation_starts():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cartpole"])
+@pytest.mark.parametrize("name", ["cartpole", "mountaincar", "lunarlander"])
 def test_suite_task_meets_its_target(tmp_path, name):
-    """The issue's target on one seed at the file's budget (CartPole: about 4 minutes on 2 idle cores)."""
+    """The issue's target on seed 0 at the file's budget, on the run's own starts and held out (2 idle
+    cores: CartPole about 4 minutes, MountainCar about 15, LunarLander about 20)."""
     results = suite.main(["--tasks", name, "--no-peer", "--json", str(tmp_path / "suite.json")])
     v = results["tasks"][name]["verdict"]
-    assert v["complete"] and all(v["met"]), v
+    assert v["complete"] and all(v["met"]) and all(v["heldout_met"]), v
+
+
+#: MinAtar Breakout's floor: the issue's target is 10x random, which the file meets on 1 of 3 seeds; every
+#: seed of the file as it is (target sync 10) scored 7x random or more (docs/benchmarks.md), so 4x on
+#: seed 0 fails on a run that did not learn (the population's random-like play scores about 1x)
+BREAKOUT_FLOOR_X_RANDOM = 4.0
+
+
+@pytest.mark.slow
+def test_minatar_breakout_beats_random_by_the_floor(tmp_path):
+    """MinAtar Breakout, seed 0, the file's 200k env steps (about 40 minutes on 2 idle cores)."""
+    results = suite.main(["--tasks", "minatar_breakout", "--no-peer", "--json", str(tmp_path / "suite.json")])
+    v = results["tasks"]["minatar_breakout"]["verdict"]
+    assert v["complete"] and v["x_random"][0] >= BREAKOUT_FLOOR_X_RANDOM, v
 
 
 def test_tasks_are_named_by_suite_name_or_env_id():
