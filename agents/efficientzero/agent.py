@@ -54,6 +54,9 @@ TASK_DEFAULTS: dict[str, Any] = {
     "priority_beta": 0.4,
     "eval_max_steps": 2000,   # steps per evaluation episode at most (bounds evaluation on long-episode tasks)
     "atari": {},              # ALE/ ids: the Atari 100k protocol's settings (agents.efficientzero.atari)
+    # vector observations mapped from the space's finite bounds to [-1, 1] (gymnasium's RescaleObservation;
+    # unbounded components pass unchanged): MountainCar's velocity lies within +-0.07, its position in [-1.2, 0.6]
+    "rescale_observations": False,
     # the networks' floating-point type; "float64" makes fused and one-by-one training agree to rounding
     "dtype": "float32",
     # torch.compile of the learner's loss and backward: "off" or "on" (learner.compiled_loss; the
@@ -185,6 +188,8 @@ class EfficientZeroAgent(TorchAgent):
                 raise ValueError(f"task.{key}: expected a positive integer, found {out[key]!r}")
         if not isinstance(out["env_kwargs"], dict):
             raise ValueError(f"task.env_kwargs: expected a table, found {out['env_kwargs']!r}")
+        if not isinstance(out["rescale_observations"], bool):
+            raise ValueError(f"task.rescale_observations: expected true or false, found {out['rescale_observations']!r}")
         if out["compile"] not in learner.COMPILE_MODES:
             raise ValueError(f"task.compile: expected one of {list(learner.COMPILE_MODES)}, found {out['compile']!r}")
         if out["dtype"] not in DTYPES:

@@ -12,6 +12,9 @@ Observations must be a Box of rank 1 (a vector: the MLP model) or rank 3 (an ima
 model; channel-last images — last axis smaller than the first and at most 16 — are transposed to
 [C, H, W]). Integer images are stored and searched as uint8 (the model scales them by 1/255).
 Actions must be Discrete. Anything else is refused when the experiment is checked.
+`task.rescale_observations = true` maps each vector component with finite bounds onto [-1, 1]
+(gymnasium's `RescaleObservation`), so MountainCar's velocity (±0.07) reaches the network on the
+scale of its position; what the replay store holds and every search sees are the rescaled values.
 
 `EnvPool` keeps one env per slot, resets each from a seed drawn from the member's RNG, and logs
 the actions of the episode in flight. Its `snapshot()` (seeds and actions; JSON and arrays) is part
@@ -173,7 +176,21 @@ def make_env(task: Mapping[str, Any]) -> gym.Env:
     if isinstance(box, spaces.Box) and len(box.shape) == 3 and (
             _is_image_hwc(box.shape) or box.dtype == np.bool_ or np.issubdtype(box.dtype, np.integer)):
         env = _ChannelFirst(env, _is_image_hwc(box.shape))
+    if task.get("rescale_observations"):
+        env = _rescaled(env, env_id)
     return env
+
+
+def _rescaled(env: gym.Env, env_id: str) -> gym.Env:
+    """`env` with each vector component whose bounds are both finite mapped affinely onto [-1, 1]; the
+    others (CartPole's velocities) unchanged. Fixed by the space, so no state to snapshot or checkpoint."""
+    box = env.observation_space
+    if not (isinstance(box, spaces.Box) and len(box.shape) == 1 and np.issubdtype(box.dtype, np.floating)):
+        raise ValueError(f"task.rescale_observations: for vector observations of floats, found {box} for {env_id!r}")
+    bounded = np.isfinite(box.low) & np.isfinite(box.high) & (box.high > box.low)
+    low = np.where(bounded, -1.0, box.low).astype(box.dtype)
+    high = np.where(bounded, 1.0, box.high).astype(box.dtype)
+    return gym.wrappers.RescaleObservation(env, low, high)
 
 
 @dataclass(frozen=True)
@@ -210,7 +227,8 @@ def observation_spec(task: Mapping[str, Any]) -> ObsSpec:
     """The spec of `task`'s env (probed once per process); raises ValueError naming task.env_id."""
     import json
 
-    key = json.dumps({k: task[k] for k in ("env_id", "env_kwargs", "atari") if k in task}, sort_keys=True, default=str)
+    keys = ("env_id", "env_kwargs", "atari", "rescale_observations")
+    key = json.dumps({k: task[k] for k in keys if k in task}, sort_keys=True, default=str)
     if key not in _SPECS:
         env = make_env(task)
         try:

@@ -172,3 +172,35 @@ def test_the_task_threshold_is_gymnasiums_reward_threshold_where_the_env_has_one
     assert EfficientZeroAgent.reward_threshold({"env_id": "MountainCar-v0"}) == -110.0
     assert EfficientZeroAgent.reward_threshold({"env_id": "MinAtar/Breakout-v1"}) is None  # registered without one
     assert EfficientZeroAgent.reward_threshold({"env_id": f"{__name__}:GridEnv"}) is None
+
+
+def test_rescaled_observations_map_finite_bounds_onto_minus_one_to_one():
+    """MountainCar's position [-1.2, 0.6] and velocity [-0.07, 0.07] both reach the model on [-1, 1]."""
+    raw_task = EfficientZeroAgent.validate_task({"env_id": "MountainCar-v0"})
+    task = EfficientZeroAgent.validate_task({"env_id": "MountainCar-v0", "rescale_observations": True})
+    raw, scaled = EnvPool(raw_task, 1), EnvPool(task, 1)
+    raw.reset_to(0, 7)
+    scaled.reset_to(0, 7)
+    lo, hi = np.array([-1.2, -0.07]), np.array([0.6, 0.07])
+    seen = []
+    for t in range(300):
+        action = 2 if (t // 40) % 2 == 0 else 0  # rock back and forth: the velocity grows
+        (r, *_), (s, *_) = raw.step(0, action), scaled.step(0, action)
+        np.testing.assert_allclose(s, 2 * (r - lo) / (hi - lo) - 1, atol=1e-5)
+        seen.append(s)
+    seen = np.array(seen)
+    assert seen.min() >= -1 and seen.max() <= 1 and np.abs(seen[:, 1]).max() > 0.3  # raw velocity at most 0.07
+    assert observation_spec(task).shape == (2,)
+
+
+def test_rescaling_leaves_unbounded_components_and_refuses_images():
+    raw_task = EfficientZeroAgent.validate_task({"env_id": "CartPole-v1"})
+    task = EfficientZeroAgent.validate_task({"env_id": "CartPole-v1", "rescale_observations": True})
+    r, _ = make_env(raw_task).reset(seed=3)
+    s, _ = make_env(task).reset(seed=3)
+    np.testing.assert_allclose(s[[1, 3]], r[[1, 3]])  # the velocities: unbounded, unchanged
+    np.testing.assert_allclose(s[[0, 2]], r[[0, 2]] / np.array([4.8, 0.41887903]), rtol=1e-5)
+    with pytest.raises(ValueError, match="task.rescale_observations: for vector observations"):
+        EfficientZeroAgent.validate_task({"env_id": "MinAtar/Breakout-v1", "rescale_observations": True})
+    with pytest.raises(ValueError, match="task.rescale_observations: expected true or false"):
+        EfficientZeroAgent.validate_task({"env_id": "CartPole-v1", "rescale_observations": "yes"})
