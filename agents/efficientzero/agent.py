@@ -132,6 +132,7 @@ class EfficientZeroAgent(TorchAgent):
             "proj_size": 64,
             "value_support": 25,          # bins -S..S on the h-transformed scale
             "reward_support": 5,
+            "support_step": 1.0,          # the bins' width on that scale (value and value prefix)
             "activation": "ReLU",
             "channels": 16,               # conv variant
             "num_res_blocks": 1,
@@ -158,6 +159,10 @@ class EfficientZeroAgent(TorchAgent):
                     "channels", "reward_head_channels", "head_channels"):
             if not isinstance(out[key], int) or isinstance(out[key], bool) or out[key] < 1:
                 raise ValueError(f"arch.{key}: expected a positive integer, found {out[key]!r}")
+        if isinstance(out["support_step"], bool) or not isinstance(out["support_step"], (int, float)) \
+                or not 0 < out["support_step"] < float("inf"):
+            raise ValueError(f"arch.support_step: expected a positive number, found {out['support_step']!r}")
+        out["support_step"] = float(out["support_step"])
         if out["proj_size"] < 2:
             raise ValueError(f"arch.proj_size: expected at least 2, found {out['proj_size']}")
         for key in ("blocks", "fc_reward_layers"):

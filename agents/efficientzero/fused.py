@@ -53,6 +53,7 @@ class StackedSearchModel:
         self.template, self.params, self.buffers, self.members = template, params, buffers, members
         self.action_space_size = template.action_space_size
         self.value_support, self.reward_support = template.value_support, template.reward_support
+        self.support_step = template.support_step
         self.device = next(iter(params.values())).device  # where search sends its observations
 
     def _call(self, method: Any, *args: Any) -> Any:
@@ -200,7 +201,9 @@ class FusedEfficientZero:
         one = lambda p, bf, rows: call_method(targets.template, p, bf, _initial, rows)
         with torch.no_grad():
             _, _, value_logits = vmap(one)(params, buffers, x.reshape(len(slots), b * L, *first.shape[2:]))
-            values = support_to_scalar(value_logits, targets.template.value_support).reshape(len(slots), b, L).cpu().numpy()
+            template = targets.template
+            values = support_to_scalar(value_logits, template.value_support, template.support_step)
+            values = values.reshape(len(slots), b, L).cpu().numpy()
         return {m: values[i, :, : obs[m].shape[1]] for i, m in enumerate(slots)}
 
     def _search_model(self, group: FusedGroup, members: int) -> StackedSearchModel:

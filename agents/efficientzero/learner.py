@@ -182,7 +182,7 @@ def bootstrap_values(target_model: torch.nn.Module, obs: torch.Tensor, rows: np.
         x = x.to(model_device(target_model))
         calls = flat_graphs.search_calls(target_model)  # the search's first call: represent, then predict
         _, tv_logits = target_model.predict(target_model.represent(x)) if calls is None else calls.initial_inference(x)[1:]
-        return support_to_scalar(tv_logits, target_model.value_support).cpu().numpy()
+        return support_to_scalar(tv_logits, target_model.value_support, target_model.support_step).cpu().numpy()
 
     with torch.inference_mode() if _path == "fast" else torch.no_grad():
         flat = obs.reshape(B * L, *obs.shape[2:])
@@ -224,8 +224,10 @@ def batch_from_windows(seq: Any, boot: np.ndarray, target_model: torch.nn.Module
     tensors = {
         "obs": obs[:, : K + 1],
         "actions": torch.as_tensor(np.asarray(data["action"]), dtype=torch.long)[:, :K],
-        "value_target": scalar_to_support(torch.as_tensor(z, dtype=torch.float32), target_model.value_support),
-        "value_prefix_target": scalar_to_support(torch.as_tensor(vp, dtype=torch.float32), target_model.reward_support),
+        "value_target": scalar_to_support(torch.as_tensor(z, dtype=torch.float32), target_model.value_support,
+                                          target_model.support_step),
+        "value_prefix_target": scalar_to_support(torch.as_tensor(vp, dtype=torch.float32), target_model.reward_support,
+                                                 target_model.support_step),
         "policy_target": torch.as_tensor(policy),
         "valid": torch.as_tensor(valid, dtype=torch.float32),
         "mask": torch.as_tensor(prefix_mask, dtype=torch.float32),
@@ -279,7 +281,7 @@ def loss_terms(model: torch.nn.Module, params: Mapping[str, torch.Tensor] | None
     valid, mask, weights = batch["valid"], batch["mask"], batch["weights"]
     B, K = batch["actions"].shape
 
-    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support)
+    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support, model.support_step)
     value_valid = batch.get("value_valid", valid)  # = valid unless hp absorbing_terminal
     loss_value = -_cross_entropy(value_target[:, 0], out.value_logits[0]) * value_valid[:, 0]
     loss_policy = -_cross_entropy(policy_target[:, 0], out.policy_logits[0]) * valid[:, 0]
@@ -318,7 +320,7 @@ def _loss_terms_stacked(model: torch.nn.Module, params: Mapping[str, torch.Tenso
     def ce(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:  # target [B, S, n], logits [S, B, n]
         return (target.transpose(0, 1) * F.log_softmax(_full(logits), -1)).sum(-1)
 
-    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support)
+    root_value = support_to_scalar(_full(out.value_logits[0].detach()), model.value_support, model.support_step)
     value_valid = batch["value_valid"].transpose(0, 1) if "value_valid" in batch else valid  # hp absorbing_terminal
     loss_value = -(ce(batch["value_target"], out.value_logits) * value_valid).sum(0)
     loss_policy = -(ce(batch["policy_target"], out.policy_logits) * valid).sum(0)

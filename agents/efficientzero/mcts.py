@@ -52,6 +52,7 @@ class SearchModel(Protocol):
     action_space_size: int
     value_support: int
     reward_support: int
+    support_step: float
 
     def represent(self, obs: torch.Tensor) -> torch.Tensor: ...
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -112,7 +113,7 @@ def _softmax_into(logits: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(cache=True)
-def _support_scalar(logits: np.ndarray, support: int) -> float:
+def _support_scalar(logits: np.ndarray, support: int, step: float) -> float:
     m = logits.max()
     s = 0.0
     e = 0.0
@@ -120,7 +121,7 @@ def _support_scalar(logits: np.ndarray, support: int) -> float:
         p = math.exp(logits[i] - m)
         s += p
         e += p * (i - support)
-    y = e / s
+    y = e / s * step
     eps = 0.001
     sign = 1.0 if y > 0 else (-1.0 if y < 0 else 0.0)
     t = (math.sqrt(1.0 + 4.0 * eps * (abs(y) + 1.0 + eps)) - 1.0) / (2.0 * eps)
@@ -303,7 +304,7 @@ def _puct_action(b, node, children, prior, visits, value_sum, reward, discount, 
 
 
 @njit(cache=True)
-def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_support, reward_support,
+def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_support, reward_support, step,
                    children, prior, visits, value_sum, reward, vprefix, depth, minmax, discounts,
                    horizon, path, path_len, live, raw_value):
     B = children.shape[0]
@@ -318,9 +319,9 @@ def _expand_backup(leaf, out_parent, out_action, outputs, num_actions, value_sup
         d = depth[b, parent] + 1
         depth[b, leaf] = d
         _softmax_into(outputs[b, :A], prior[b, leaf])
-        value = _support_scalar(outputs[b, A:A + nv], value_support)
+        value = _support_scalar(outputs[b, A:A + nv], value_support, step)
         raw_value[b, leaf] = value
-        vp = _support_scalar(outputs[b, A + nv:], reward_support)
+        vp = _support_scalar(outputs[b, A + nv:], reward_support, step)
         parent_vp = 0.0 if depth[b, parent] % horizon == 0 else vprefix[b, parent]
         reward[b, leaf] = vp - parent_vp
         vprefix[b, leaf] = vp
@@ -441,7 +442,7 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     simulations = np.asarray(simulations, dtype=np.int64)
     sims = int(simulations.max()) if B else 0
     N = sims + 1
-    vs, rs = int(model.value_support), int(model.reward_support)
+    vs, rs, step = int(model.value_support), int(model.reward_support), float(getattr(model, "support_step", 1.0))
 
     children = np.full((B, N, A), -1, dtype=np.int32)
     prior = np.zeros((B, N, A), dtype=np.float64)
@@ -478,7 +479,7 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     value_np = value_logits.double().cpu().numpy()
     visits[:, 0] = 1
     for b in range(B):
-        value_sum[b, 0] = raw_value[b, 0] = _support_scalar(value_np[b], vs)
+        value_sum[b, 0] = raw_value[b, 0] = _support_scalar(value_np[b], vs, step)
 
     # node buffers, flat: entry n * B + b holds node n of tree b (index_select beats 2-D indexing)
     D = latent.shape[1:]
@@ -512,7 +513,7 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
             h, c = h * keep, c * keep
         h_buf[rows], c_buf[rows] = h, c
         outputs = torch.cat([p_logits, v_logits, vp_logits], dim=1).cpu().numpy()
-        _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, children, prior, visits, value_sum,
+        _expand_backup(leaf, out_parent, out_action, outputs, A, vs, rs, step, children, prior, visits, value_sum,
                        reward, vprefix, depth, minmax, discounts, horizon, path, path_len, live, raw_value)
 
     root_children = children[:, 0]

@@ -405,6 +405,8 @@ class _ModelBase(nn.Module):
     action_space_size: int
     value_support: int
     reward_support: int
+    #: the bins' width on the h-transformed scale (agents.efficientzero.support)
+    support_step: float = 1.0
     lstm_hidden_size: int
     #: observations are multiplied by this before the representation (1/255 for uint8 images)
     obs_scale: float = 1.0
@@ -526,6 +528,7 @@ class EfficientZeroMLP(_ModelBase):
         self.obs_dim, self.action_space_size = obs_dim, action_space_size
         self.value_support = int(arch["value_support"])
         self.reward_support = int(arch["reward_support"])
+        self.support_step = float(arch.get("support_step", 1.0))
         self.lstm_hidden_size = int(arch["lstm_hidden_size"])
         latent, act = int(arch["latent_size"]), arch["activation"]
         self.latent_size = latent
@@ -600,6 +603,7 @@ class EfficientZeroConv(_ModelBase):
         self.action_space_size = action_space_size
         self.value_support = int(arch["value_support"])
         self.reward_support = int(arch["reward_support"])
+        self.support_step = float(arch.get("support_step", 1.0))
         self.lstm_hidden_size = int(arch["lstm_hidden_size"])
         self.downsample = bool(arch["downsample"])
         self.norm_type = arch["norm_type"]

@@ -211,3 +211,42 @@ def test_export_and_load(tmp_path):
     b = agents.load(out)
     assert isinstance(b, EfficientZeroAgent) and torch.equal(params(a), params(b))
     assert b.evaluate().fitness == a.evaluate().fitness
+
+
+def test_finer_support_bins_reach_targets_search_and_checkpoints(tmp_path):
+    """A member with `support_step` 0.25 learns its value on bins a quarter as wide: the targets, the
+    search's values and a restored member use the step; a bad step is refused by name."""
+    from agents.efficientzero.support import scalar_to_support
+
+    arch = {**SMALL_ARCH, "value_support": 40, "support_step": 0.25}
+    a = make(arch=arch)
+    assert a.model.support_step == 0.25 and a.arch["support_step"] == 0.25
+    metrics = a.train(60)
+    assert np.isfinite(metrics["loss_value"]) and a.updates > 0
+    c = a.clone(1)
+    assert c.model.support_step == 0.25 and torch.equal(params(a), params(c))
+    save_state(tmp_path / "ckpt", a.get_state())
+    state, _ = load_state(tmp_path / "ckpt")
+    b = EfficientZeroAgent.from_state(state, AgentContext(task=TASK, replay=a.replay))
+    assert b.model.support_step == 0.25 and b.evaluate().fitness == a.evaluate().fitness
+    # the value the search reads for a root is the decoded expectation at this step (a step of 1 reads 4x it)
+    from agents.efficientzero.mcts import _support_scalar
+
+    logits = torch.log(scalar_to_support(torch.tensor([2.0], dtype=torch.float64), 40, step=0.25) + 1e-30)[0].numpy()
+    assert abs(_support_scalar(logits, 40, 0.25) - 2.0) < 1e-6 and _support_scalar(logits, 40, 1.0) > 10
+    # the learner's value targets sit on the fine bins: before any update the bootstrap values are 0 (the
+    # value head starts at zero), so CartPole's 3-step targets lie in [1, 3] (read at the wrong step: 0.2-0.7)
+    from agents.efficientzero import learner
+    from agents.efficientzero.support import support_to_scalar
+
+    fresh = make(arch=arch, task={**TASK, "min_replay": 10_000})
+    fresh.train(60)
+    assert fresh.updates == 0
+    batch = learner.sample_batch(fresh.replay, fresh.target_model, fresh.hparams, np.random.default_rng(0))
+    t = batch.tensors
+    z = support_to_scalar(torch.log(t["value_target"] + 1e-30), 40, 0.25)[t["valid"] > 0]
+    paid = z[z.abs() > 1e-3]  # (a row cut by its segment's end bootstraps from its own value, 0 here)
+    assert len(paid) > len(z) / 2 and paid.min() > 0.99 and paid.max() < 3.01, z
+    for bad in (0, -1.0, True, "fine", float("inf")):
+        with pytest.raises(ValueError, match="arch.support_step: expected a positive number"):
+            make(arch={**SMALL_ARCH, "support_step": bad})

@@ -35,6 +35,38 @@ class HandModel:
         return latent, (prefix[:, None], hidden[1]), logits
 
 
+class FineHandModel(HandModel):
+    """HandModel's values and rewards on bins a quarter as wide (`support_step` 0.25, the same range)."""
+
+    value_support = 40
+    reward_support = 40
+    support_step = 0.25
+
+    def predict(self, latent):
+        B = latent.shape[0]
+        return torch.zeros(B, 2), torch.log(scalar_to_support(torch.full((B,), 0.5), 40, 0.25) + 1e-12)
+
+    def dynamics(self, latent, action, hidden):
+        latent, hidden, _ = super().dynamics(latent, action, hidden)
+        return latent, hidden, torch.log(scalar_to_support(hidden[0][:, 0], 40, 0.25) + 1e-12)
+
+
+def test_search_decodes_values_and_rewards_at_the_models_support_step():
+    """The same values and rewards on step-1 and step-0.25 supports give the same search; read with a step
+    of 1, the fine model's predicted 0.5 would count as about 3.6 and its rewards likewise."""
+    class CoarseHandModel(HandModel):
+        def predict(self, latent):
+            B = latent.shape[0]
+            return torch.zeros(B, 2), torch.log(scalar_to_support(torch.full((B,), 0.5), 10) + 1e-12)
+
+    mcts = BatchedMCTS(MCTSConfig(num_simulations=20, discount=0.9, lstm_horizon_len=5))
+    obs = torch.tensor([[1.0], [-1.0]])
+    coarse, fine = mcts.run(CoarseHandModel(), obs), mcts.run(FineHandModel(), obs)
+    assert coarse.visit_counts.tolist() == fine.visit_counts.tolist()
+    np.testing.assert_allclose(fine.root_values, coarse.root_values, atol=1e-5)
+    assert 1.0 < fine.root_values.min() and fine.root_values.max() < 10
+
+
 @pytest.mark.parametrize("horizon", [1, 2, 5])
 def test_picks_the_obviously_best_action(horizon):
     mcts = BatchedMCTS(MCTSConfig(num_simulations=30, discount=0.9, lstm_horizon_len=horizon))

@@ -80,3 +80,26 @@ def test_window_too_short_is_refused():
     r, t, m = _window([1, 1, 1])
     with pytest.raises(ValueError, match="window length"):
         nstep_value_targets(r, t, m, r, 0.9, 3, 2)
+
+
+def test_finer_bins_encode_and_decode_with_their_step():
+    """`arch.support_step`: bins k * step on the h scale. The two-hot's expectation is still h(x), the two bins
+    it uses lie one step apart, and decoding (torch, numpy, the search's numba) recovers x."""
+    from agents.efficientzero.mcts import _support_scalar
+    from agents.efficientzero.support import support_to_scalar_np
+
+    x = torch.tensor([0.0, 1.0, -7.0, 120.0, -190.0], dtype=torch.float64)
+    probs = scalar_to_support(x, 80, step=0.25)
+    bins = torch.arange(-80, 81, dtype=torch.float64) * 0.25
+    assert torch.allclose((probs * bins).sum(-1), h(x)) and torch.allclose(probs.sum(-1), torch.ones(5, dtype=torch.float64))
+    used = [bins[p > 0] for p in probs]
+    assert all(len(u) == 1 or (u[1] - u[0]).item() == 0.25 for u in used)
+    logits = torch.log(probs + 1e-30)
+    assert torch.allclose(support_to_scalar(logits, 80, step=0.25), x, atol=1e-6)
+    assert np.allclose(support_to_scalar_np(logits.numpy(), 80, step=0.25), x.numpy(), atol=1e-6)
+    assert np.allclose([_support_scalar(row, 80, 0.25) for row in logits.numpy()], x.numpy(), atol=1e-6)
+    # the same step-1 support covers 4x the range: 120 sits in a bin 4x as wide
+    coarse = scalar_to_support(x, 20)
+    assert (coarse > 0).sum().item() <= 10 and torch.allclose(support_to_scalar(torch.log(coarse + 1e-30), 20), x, atol=1e-6)
+    # clamped at S * step
+    assert scalar_to_support(torch.tensor([1e4]), 8, step=0.5)[0, -1] == 1
