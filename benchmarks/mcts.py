@@ -31,6 +31,7 @@ class TimedModel:
         self.action_space_size = model.action_space_size
         self.value_support = model.value_support
         self.reward_support = model.reward_support
+        self.support_step = model.support_step
         self.seconds = 0.0
 
     def _timed(self, fn, *args):

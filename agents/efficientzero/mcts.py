@@ -442,7 +442,7 @@ def search(model: SearchModel, obs: torch.Tensor | np.ndarray, discounts: np.nda
     simulations = np.asarray(simulations, dtype=np.int64)
     sims = int(simulations.max()) if B else 0
     N = sims + 1
-    vs, rs, step = int(model.value_support), int(model.reward_support), float(getattr(model, "support_step", 1.0))
+    vs, rs, step = int(model.value_support), int(model.reward_support), float(model.support_step)
 
     children = np.full((B, N, A), -1, dtype=np.int32)
     prior = np.zeros((B, N, A), dtype=np.float64)

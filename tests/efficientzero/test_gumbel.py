@@ -20,6 +20,7 @@ class FourArms:
     action_space_size = 4
     value_support = 10
     reward_support = 10
+    support_step = 1.0
 
     def __init__(self, good: int = 2, logits=(1.0, 0.5, 0.0, 0.0)) -> None:
         self.good = good

@@ -16,6 +16,7 @@ class HandModel:
     action_space_size = 2
     value_support = 10
     reward_support = 10
+    support_step = 1.0
 
     def represent(self, obs):
         return torch.as_tensor(obs, dtype=torch.float32)
