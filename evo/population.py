@@ -327,7 +327,7 @@ def evolve(exp: Experiment, store: RunStore, scheduler: Scheduler, context: Agen
         observer.generation_started(generation, [m.index for m in members])
         # the generation before, as the run store has it: a resumed run rests and orders as the interrupted one would
         before = store.evaluations(generation - 1) if generation > 0 else []
-        resting = resting_member(before, members) if exp.selection.rest_elite else None
+        resting = resting_member(before, members, exp.selection.rest_from) if exp.selection.rest_elite else None
         steps = [0 if m.index == resting else exp.population.steps_per_generation for m in members]
         results = scheduler.run_generation([m.agent for m in members], steps, observer, generation=generation,
                                            expected_s=expected_seconds(before, members, steps),
@@ -395,15 +395,18 @@ def expected_seconds(before: list[dict[str, Any]], members: list[Member], steps:
     return out
 
 
-def resting_member(before: list[dict[str, Any]], members: list[Member]) -> int | None:
+def resting_member(before: list[dict[str, Any]], members: list[Member], rest_from: float | None = None) -> int | None:
     """`selection.rest_elite`: the index of the member that rests this generation — of the members of
     the generation before (`before`: its evaluations, [] in generation 0) still in the population
     (survivors in their own slots), the one whose last evaluation was highest (ties: the lowest index);
-    None in generation 0 or when none survived. Its fitness, not its score: what rests is the state that
-    evaluation measured, where a score over a fitness window also averages earlier states' (a member
-    that just reached 500 from 12 scores 256)."""
+    None in generation 0, when none survived, or when none evaluated at `rest_from` or above
+    (`selection.rest_from`). Its fitness, not its score: what rests is the state that evaluation
+    measured, where a score over a fitness window also averages earlier states' (a member that just
+    reached 500 from 12 scores 256)."""
     present = {m.index for m in members}
-    rows = [row for row in before if row["index"] in present and math.isfinite(float(row["fitness"]))]
+    floor = -math.inf if rest_from is None else rest_from
+    rows = [row for row in before if row["index"] in present and math.isfinite(float(row["fitness"]))
+            and float(row["fitness"]) >= floor]
     return min(rows, key=lambda row: (-float(row["fitness"]), row["index"]))["index"] if rows else None
 
 

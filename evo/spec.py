@@ -143,6 +143,11 @@ class SelectionSpec(_Strict):
                                                         "higher; its clones train on. The "
                                                         "best weights found are not lost to later training, and a "
                                                         "resting round spends no budget but its evaluation")
+    rest_from: float | None = Field(default=None, allow_inf_nan=False,
+                                    description="with rest_elite: the best survivor rests only once its last "
+                                                "evaluation has reached this score (e.g. the task's maximum "
+                                                "return, past which training can only lose it); until then every "
+                                                "member trains. None: it rests from generation 1 on")
     clone_behind: bool = Field(default=True, description="async: a member may be replaced by a clone of a winner "
                                                          "with fewer rounds (false: it continues instead)")
     champion: bool = Field(default=False, description="async: the best state evaluated so far (by score) is kept out "
@@ -304,6 +309,9 @@ class ExperimentSpec(_Strict):
                              f"resting member skips a generation's training; fused members train in step; async "
                              f"runs keep theirs with selection.champion), found mode {self.population.mode!r}, "
                              f"fused {self.resources.fused}")
+        if self.selection.rest_from is not None and not self.selection.rest_elite:
+            raise ValueError(f"selection.rest_from: expected selection.rest_elite = true (the score gates which member "
+                             f"rests), found rest_elite = false (rest_from = {self.selection.rest_from})")
         if self.replay.own_rows == "line" and self.population.mode != "sync":
             raise ValueError("replay.own_rows = 'line': expected population.mode = 'sync' (line stores pass from "
                              "generation to generation), found mode 'async'")

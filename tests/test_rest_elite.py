@@ -48,6 +48,20 @@ def test_rest_elite_needs_synchronous_unfused_generations() -> None:
             ExperimentSpec.model_validate(bad)
 
 
+def test_rest_from_needs_rest_elite_and_a_finite_score() -> None:
+    data = _cartpole()
+    data["selection"]["rest_from"] = 500
+    assert ExperimentSpec.model_validate(data).selection.rest_from == 500.0
+    data["selection"]["rest_elite"] = False
+    with pytest.raises(ValueError, match="selection.rest_from: expected selection.rest_elite = true"):
+        ExperimentSpec.model_validate(data)
+    for bad in (math.nan, math.inf, "max"):
+        data = _cartpole()
+        data["selection"]["rest_from"] = bad
+        with pytest.raises(ValueError, match="rest_from"):
+            ExperimentSpec.model_validate(data)
+
+
 def test_a_run_rests_its_elite_and_a_resumed_run_rests_the_same_member(tmp_path: Path) -> None:
     """The real `evo` command, CartPole EfficientZero inline, truncation selection: from generation 1 on,
     exactly the surviving member with the best last evaluation of the generation before rests. Its counters do not
@@ -98,3 +112,37 @@ def test_the_member_that_rests_is_the_survivor_with_the_best_last_evaluation() -
     tie = [{"index": 3, "score": 500.0, "fitness": 500.0}, {"index": 1, "score": 480.0, "fitness": 500.0},
            {"index": 4, "score": -math.inf, "fitness": -math.inf}]
     assert resting_member(tie, members(1, 3, 4)) == 1  # a tie goes to the lowest index; a failed member never rests
+
+
+def test_with_rest_from_only_a_member_at_that_score_rests() -> None:
+    """`selection.rest_from`: until a survivor's last evaluation reaches the score, every member trains;
+    from then on the best survivor at or above it rests, as without the threshold."""
+    from types import SimpleNamespace
+
+    from evo.population import resting_member
+
+    def members(*indices: int) -> list:
+        return [SimpleNamespace(index=i) for i in indices]
+
+    board = [{"index": 0, "score": 480.0, "fitness": 499.0}, {"index": 1, "score": 300.0, "fitness": 320.0}]
+    assert resting_member(board, members(0, 1), rest_from=500.0) is None  # 499 < 500: everyone trains
+    assert resting_member(board, members(0, 1), rest_from=499.0) == 0     # reached, not only passed
+    assert resting_member(board, members(0, 1), rest_from=None) == 0
+    at = [{"index": 3, "score": 400.0, "fitness": 500.0}, {"index": 1, "score": 490.0, "fitness": 499.5}]
+    assert resting_member(at, members(1, 3), rest_from=500.0) == 3
+    assert resting_member(at, members(1, 4), rest_from=500.0) is None     # the one at 500 was replaced
+
+
+def test_a_run_with_rest_from_trains_everyone_until_a_member_reaches_it(tmp_path: Path) -> None:
+    """The real `evo` command: with a score no member reaches, no member ever rests and every round trains
+    (the run is the one without rest_elite); with a score the first generation passes, it rests from generation 1."""
+    (tmp_path / "never").mkdir()
+    small_cartpole_truncation_run(tmp_path / "never", 5, selection={"rest_elite": True, "rest_from": 1e9})
+    store = RunStore.open("cartpole_efficientzero", tmp_path / "never" / "runs")
+    try:
+        boards = [store.evaluations(g) for g in range(3)]
+        spent = store.spent()
+    finally:
+        store.close()
+    assert not any(row["train_metrics"].get("rested") for board in boards for row in board)
+    assert spent.env_steps == pytest.approx(9 * 160, abs=2 * 9)  # 3 members × 3 generations, all trained
