@@ -567,6 +567,32 @@ def test_an_async_curve_with_rungs_counts_the_steps_of_every_part_and_none_past_
     assert obs.trained == 425 and obs.rounds_done == 4
 
 
+def test_a_sync_curve_with_a_budget_credits_no_generation_past_it():
+    """evo-truncate-hp-own-rest-best rests only from the generation after a member is perfect, so a last
+    generation can take the steps past the budget; that generation gets no point (it trained what the
+    peers could not)."""
+    from benchmarks.hpo.evo_strategy import CurveObserver
+
+    obs = CurveObserver(steps_per_generation=100, budget=500)
+    for generation, members in enumerate([2, 2, 1, 2]):  # 200, 400, 500 (one rested), 700: past the budget
+        for index in range(members):
+            obs.member_event(index, "done", {"fitness": 1.0})
+        obs.generation_done(generation, [{"fitness": float(generation), "train_metrics": {}, "metrics": {}, "wall_s": 1.0}])
+    assert [(p[0], p[2]) for p in obs.curve] == [(200, 0.0), (400, 1.0), (500, 2.0)]
+    assert len(obs.profile) == 4 and obs.trained == 700  # the generation is still profiled
+
+
+def test_the_rest_best_strategy_rests_at_each_tasks_best_possible_fitness():
+    from benchmarks.hpo.common import TASKS, load, task
+    from benchmarks.hpo.evo_strategy import VARIANTS, settings
+
+    for name in TASKS:
+        t = task(name, quick=True)
+        exp, _ = load(t, seed=0, regime="scratch", **settings(t, VARIANTS["evo-truncate-hp-own-rest-best"]))
+        assert exp.selection.rest_elite and exp.selection.rest_from == t.best_possible
+    assert task("cartpole", quick=False).best_possible == 500.0  # CartPole-v1's 500-step limit
+
+
 def test_a_resting_strategy_runs_the_generations_its_budget_pays_for_and_none_past_it():
     """evo-truncate-hp-own-rest trains every member in generation 0 and all but one after: it gets more
     generations than the others, and never spends past the budget every strategy has."""

@@ -29,6 +29,7 @@ class Task:
     generations: int           # curve points; also PBT's perturbations and AgileRL's evolution steps
     steps_per_generation: int  # per member
     settings: tuple[tuple[str, Any], ...] = ()  # experiment settings the task changes in its file (dotted keys)
+    best_possible: float | None = None  # the highest fitness there is (CartPole-v1: 500 steps; optimality: 1)
 
     @property
     def budget(self) -> int:
@@ -43,10 +44,10 @@ def task(name: str, quick: bool) -> Task:
     if name == "cartpole":
         # full: the main experiment's 4 × 6 × 2000; quick: 4 × 2 × 256
         return Task("cartpole", "experiments/cartpole_efficientzero.toml", 475.0, "env steps", 4,
-                    2 if quick else 6, 256 if quick else 2000)
+                    2 if quick else 6, 256 if quick else 2000, best_possible=500.0)
     if name == "randomwalks":
         return Task("randomwalks", "experiments/randomwalks_ilql.toml", 0.9, "gradient updates", 4,
-                    2 if quick else 5, 50 if quick else 200)
+                    2 if quick else 5, 50 if quick else 200, best_possible=1.0)
     if name == "randomwalks-sparse":
         # randomwalks on a larger, sparser graph whose data rarely reach the goal (41 nodes, edge p 0.06,
         # walks <= 15 nodes: 5% of the 1000 walks reach it, data optimality 0.05 against 0.35 on the
@@ -56,7 +57,8 @@ def task(name: str, quick: bool) -> Task:
         # hyperparameters found decide the score. Target: half-optimal walks, 10x the data's
         return Task("randomwalks-sparse", "experiments/randomwalks_ilql.toml", 0.5, "gradient updates", 4,
                     2 if quick else 5, 50 if quick else 200,
-                    (("agent.task.n_nodes", 41), ("agent.task.p_edge", 0.06), ("agent.task.max_length", 15)))
+                    (("agent.task.n_nodes", 41), ("agent.task.p_edge", 0.06), ("agent.task.max_length", 15)),
+                    best_possible=1.0)
     raise ValueError(f"--task: expected one of {list(TASKS)}, found {name!r}")
 
 

@@ -31,7 +31,8 @@ class CurveObserver(RunObserver):
         (the best fitness of the last `population`), since its generations complete behind its rounds.
         `budget` (an async run whose rounds end early, stopped at rungs): a point after every
         evaluated round, none past this many steps (the run finishes its rounds in flight once the
-        budget is spent; what they train past it is not credited)."""
+        budget is spent; what they train past it is not credited). In a sync run: no point for a
+        generation that took the steps trained past it (one that rests from a late generation on)."""
         self.steps_per_generation = steps_per_generation
         self.on_point = on_point
         self.population = population
@@ -85,7 +86,8 @@ class CurveObserver(RunObserver):
         if not board:
             return
         best = max(float(row["fitness"]) for row in board)
-        if not self.population:  # sync: a point per generation
+        past_budget = self.budget is not None and self.trained > self.budget
+        if not self.population and not past_budget:  # sync: a point per generation
             self.steps = self.trained
             self.curve.append([self.steps, round(now - self.start, 2), best])
         self.profile.append({
@@ -97,8 +99,9 @@ class CurveObserver(RunObserver):
             "updates": [int(r["metrics"].get("updates", 0)) for r in board],
             "fitness": [float(r["fitness"]) for r in board],
         })
-        print(f"evo gen {generation}: steps {self.steps} t {now - self.start:.0f}s best {best:.1f}", flush=True)
-        if self.on_point is not None and not self.population:
+        print(f"evo gen {generation}: steps {self.trained} t {now - self.start:.0f}s best {best:.1f}"
+              + (" (past the budget: no curve point)" if past_budget else ""), flush=True)
+        if self.on_point is not None and not self.population and not past_budget:
             self.on_point(self.curve)
 
 
@@ -128,6 +131,15 @@ KEEP_UNBEATEN = {"selection.keep_unbeaten": True}
 # evaluation at a rung: population.rung_metric), and the task's env-step budget as the run's budget,
 # so the steps stopped rounds did not train go to more rounds
 RUNGS = {**ASYNC, "population.rungs": [0.25, 0.5], "population.rung_metric": "train_episode_return"}
+
+# `evo-rungs-eval`: evo-rungs whose rungs are judged on an evaluation (no population.rung_metric), for agents
+# that report no training return: ILQL trains offline on randomwalks, where every rung of evo-rungs would be
+# unjudged. A rung then costs an evaluation, and the updates of stopped rounds still go to more rounds
+RUNGS_EVAL = {**ASYNC, "population.rungs": [0.25, 0.5]}
+
+# `evo-champion-eval`: evo-rungs-eval with the run's best state kept out of training (selection.champion): the
+# async counterpart of a resting elite, which on randomwalks-sparse kept sync evo's finals from falling back
+CHAMPION_EVAL = {**RUNGS_EVAL, "selection.champion": True}
 
 # `evo-champion`: evo-rungs with the run's best state kept out of training and drawn into tournaments
 # (selection.champion), so a population whose members collapse after a peak trains on from the peak
@@ -217,6 +229,13 @@ TRUNCATE_HP_OWN_LINE = {**TRUNCATE_HP_OWN, "replay.own_rows": "line"}
 # the target lost it. A resting round trains nothing, so the run has more generations, never past the budget
 TRUNCATE_HP_OWN_REST = {**TRUNCATE_HP_OWN, "selection.rest_elite": True}
 
+# `evo-truncate-hp-own-rest-best`: evo-truncate-hp-own-rest whose best member rests only once it has evaluated at
+# the task's best possible fitness (selection.rest_from; CartPole-v1: 500). Resting from generation 1 kept every
+# CartPole run that reached 475 there, but cost finding: a generation trains 3 members where 4 trained, and
+# the rest reached 475 on 9 seeds of 12 where evo-truncate-hp-own did on 11. Until a member is perfect this run
+# is evo-truncate-hp-own's, step for step; from then on nothing can beat the resting member, only equal it
+TRUNCATE_HP_OWN_REST_BEST = {**TRUNCATE_HP_OWN_REST, "selection.rest_from": lambda t: t.best_possible}
+
 # `evo-truncate-hp-own-rest-shared`: evo-truncate-hp-own-rest with every member of a generation in flight at
 # once, four actors of half a CPU on the two cores, instead of two actors of one CPU each. A resting
 # generation trains three members: two actors run them in two waves, one actor idle in the second (~2T
@@ -240,6 +259,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     name: {**PLAIN_TOURNAMENT, **changes}
     for name, changes in {"evo": {}, "evo-async": ASYNC, "evo-nomut": NO_MUTATION, "evo-seconds": EQUAL_SECONDS,
                           "evo-noarch": NO_ARCHITECTURE, "evo-unbeaten": KEEP_UNBEATEN, "evo-rungs": RUNGS,
+                          "evo-rungs-eval": RUNGS_EVAL, "evo-champion-eval": CHAMPION_EVAL,
                           "evo-champion": CHAMPION, "evo-fallback": FALLBACK, "evo-noselect": NO_SELECTION,
                           "evo-margin": MARGIN, "evo-own": OWN_DATA,
                           "evo-lines": TWO_LINES, "evo-explore": EXPLORE,
@@ -249,6 +269,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-truncate-hp3-own": TRUNCATE_HP3_OWN, "evo-truncate-hp-line": TRUNCATE_HP_LINE,
                           "evo-truncate-hp-own-line": TRUNCATE_HP_OWN_LINE,
                           "evo-truncate-hp-own-rest": TRUNCATE_HP_OWN_REST,
+                          "evo-truncate-hp-own-rest-best": TRUNCATE_HP_OWN_REST_BEST,
                           "evo-truncate-hp-own-rest-shared": TRUNCATE_HP_OWN_REST_SHARED,
                           "evo-pbt-own": PBT_OWN}.items()}
 
@@ -287,6 +308,11 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": 4 * t.generations})
     elif overrides.get("selection.rest_elite"):
         overrides.update({"population.budget": {"env_steps": t.budget}, "population.generations": resting_generations(t)})
+        if overrides.get("selection.rest_from") is not None:
+            # the generations rests would pay for, if they began at generation 1; when they begin later a last
+            # generation can pass the budget (evo stops after the generation that reaches it): the observer
+            # credits no point past the budget, so the run is judged on what the budget paid for
+            budget = t.budget
     exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())

@@ -32,6 +32,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                              "(selection.keep_unbeaten): no coin-toss overwrites among tied members",
              "evo-rungs": "evo-async with early stopping inside rounds judged on the training return "
                           "(population.rungs, rung_metric): the steps of stopped rounds go to more rounds",
+             "evo-rungs-eval": "evo-rungs judged on an evaluation at each rung (no rung_metric), for agents with no "
+                               "training return (ILQL offline): a rung costs an evaluation",
+             "evo-champion-eval": "evo-rungs-eval with the run's best state kept out of training (selection.champion)",
              "evo-champion": "evo-rungs with the run's best state kept out of training and drawn into "
                              "tournaments (selection.champion): a population that collapses trains on from its peak",
              "evo-fallback": "evo-champion with the champion drawn only after a fall: while every member's latest "
@@ -64,6 +67,9 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                                          "line store (replay.own_rows = 'line'), not its rows of this generation",
              "evo-truncate-hp-own-rest": "evo-truncate-hp-own whose best member rests (selection.rest_elite): "
                                          "evaluated, not trained, until another evaluates higher; its clone trains on",
+             "evo-truncate-hp-own-rest-best": "evo-truncate-hp-own-rest whose best member rests only once it has "
+                                              "evaluated at the task's best possible fitness (selection.rest_from; "
+                                              "CartPole: 500); until then every member trains",
              "evo-truncate-hp-own-rest-shared": "evo-truncate-hp-own-rest with all four members of a generation in "
                                                 "flight at once, four actors of half a CPU on the two cores "
                                                 "(resources.num_workers = 4, cpus_per_member = 0.5): the same "
