@@ -134,8 +134,9 @@ def test_with_rest_from_only_a_member_at_that_score_rests() -> None:
 
 
 def test_a_run_with_rest_from_trains_everyone_until_a_member_reaches_it(tmp_path: Path) -> None:
-    """The real `evo` command: with a score no member reaches, no member ever rests and every round trains
-    (the run is the one without rest_elite); with a score the first generation passes, it rests from generation 1."""
+    """The real `evo` command and its resume: with a score no member reaches, no member ever rests and every
+    round trains (the run is the one without rest_elite). Without the score the same run rests a member from
+    generation 1 on (the test above)."""
     (tmp_path / "never").mkdir()
     small_cartpole_truncation_run(tmp_path / "never", 5, selection={"rest_elite": True, "rest_from": 1e9})
     store = RunStore.open("cartpole_efficientzero", tmp_path / "never" / "runs")
