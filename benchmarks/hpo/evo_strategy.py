@@ -87,7 +87,8 @@ class CurveObserver(RunObserver):
             return
         best = max(float(row["fitness"]) for row in board)
         past_budget = self.budget is not None and self.trained > self.budget
-        if not self.population and not past_budget:  # sync: a point per generation
+        sync_point = not self.population and not past_budget  # sync: a point per generation within the budget
+        if sync_point:
             self.steps = self.trained
             self.curve.append([self.steps, round(now - self.start, 2), best])
         self.profile.append({
@@ -101,7 +102,7 @@ class CurveObserver(RunObserver):
         })
         print(f"evo gen {generation}: steps {self.trained} t {now - self.start:.0f}s best {best:.1f}"
               + (" (past the budget: no curve point)" if past_budget else ""), flush=True)
-        if self.on_point is not None and not self.population and not past_budget:
+        if sync_point and self.on_point is not None:
             self.on_point(self.curve)
 
 
@@ -307,12 +308,11 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
         budget = t.budget
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": 4 * t.generations})
     elif overrides.get("selection.rest_elite"):
-        overrides.update({"population.budget": {"env_steps": t.budget}, "population.generations": resting_generations(t)})
-        if overrides.get("selection.rest_from") is not None:
-            # the generations rests would pay for, if they began at generation 1; when they begin later a last
-            # generation can pass the budget (evo stops after the generation that reaches it): the observer
-            # credits no point past the budget, so the run is judged on what the budget paid for
-            budget = t.budget
+        # the generations rests pay for when they begin at generation 1; when they begin later (rest_from) a last
+        # generation can pass the budget (evo stops after the generation that reaches it): the observer credits
+        # no point past the budget, so the run is judged on what the budget paid for
+        budget = t.budget
+        overrides.update({"population.budget": {"env_steps": budget}, "population.generations": resting_generations(t)})
     exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
