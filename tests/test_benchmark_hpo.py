@@ -246,6 +246,22 @@ def test_the_pbt_own_ablation_is_truncate_hp_own_with_pbts_resampling():
     assert 0 < len(redrawn) < len(mutable)
 
 
+def test_the_budget_ends_the_runs_with_rungs_or_a_resting_elite_and_no_other():
+    """A run with rungs or a resting elite gets the task's budget and as many generations as it may need
+    (rungs first: a run with both is a rungs run); every other run is ended by its generations' count."""
+    from benchmarks.hpo.evo_strategy import VARIANTS, budgeted_generations, resting_generations, settings
+
+    t = task("cartpole", False)
+    generations = {name: budgeted_generations(t, settings(t, VARIANTS[name]))
+                   for name in ("evo", "evo-async", "evo-truncate-hp-own", "evo-rungs", "evo-champion-eval",
+                                "evo-truncate-hp-own-rest", "evo-truncate-hp-own-rest-best")}
+    assert generations["evo"] is generations["evo-async"] is generations["evo-truncate-hp-own"] is None
+    assert generations["evo-rungs"] == generations["evo-champion-eval"] == 4 * t.generations
+    assert generations["evo-truncate-hp-own-rest"] == generations["evo-truncate-hp-own-rest-best"] == resting_generations(t)
+    assert budgeted_generations(t, {"population.rungs": [0.25, 0.5], "selection.rest_elite": True}) == 4 * t.generations
+    assert resting_generations(t) not in (None, t.generations, 4 * t.generations)
+
+
 def test_the_shared_rest_variant_changes_only_how_many_actors_share_the_cores():
     shared, rest = (_scratch_variant("randomwalks-sparse", n) for n in ("evo-truncate-hp-own-rest-shared",
                                                                          "evo-truncate-hp-own-rest"))

@@ -288,6 +288,20 @@ def resting_generations(t: Task) -> int:
     return 1 + rounds_after_first // (t.population - 1)
 
 
+def budgeted_generations(t: Task, overrides: dict[str, Any]) -> int | None:
+    """The generations of a run that task `t`'s budget ends, not its rounds' count; None for any other run.
+    Rungs (`population.rungs`) end rounds early: up to four times the task's generations. A resting elite
+    (`selection.rest_elite`) trains one member fewer a generation: the generations that pays for when the
+    rest begins at generation 1. When it begins later (`rest_from`) a last generation can pass the budget
+    (evo stops after the generation that reaches it): the observer credits no point past the budget, so the
+    run is judged on what the budget paid for."""
+    if overrides.get("population.rungs"):
+        return 4 * t.generations
+    if overrides.get("selection.rest_elite"):
+        return resting_generations(t)
+    return None
+
+
 def selection_counts(store: Any) -> dict[str, int]:
     """How many children each selection reason made in a run (`selected_by` of every member's mutation:
     "score", "champion", "founder line kept"...): the run store is temporary, so the counts go in the JSON."""
@@ -303,16 +317,10 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
     from evo.runstore import RunStore
 
     overrides = settings(t, overrides or {})
-    budget = None
-    if overrides.get("population.rungs"):  # rounds end early: the budget, not the rounds' count, ends the run
-        budget = t.budget
-        overrides.update({"population.budget": {"env_steps": budget}, "population.generations": 4 * t.generations})
-    elif overrides.get("selection.rest_elite"):
-        # the generations rests pay for when they begin at generation 1; when they begin later (rest_from) a last
-        # generation can pass the budget (evo stops after the generation that reaches it): the observer credits
-        # no point past the budget, so the run is judged on what the budget paid for
-        budget = t.budget
-        overrides.update({"population.budget": {"env_steps": budget}, "population.generations": resting_generations(t)})
+    generations = budgeted_generations(t, overrides)
+    budget = None if generations is None else t.budget
+    if budget is not None:
+        overrides.update({"population.budget": {"env_steps": budget}, "population.generations": generations})
     exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
         store = RunStore.create(runs_dir, f"hpo_{t.name}_{seed}", text, exp.to_json())
