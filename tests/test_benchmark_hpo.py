@@ -551,6 +551,29 @@ def test_the_per_seed_horizon_scores_each_seed_as_if_collected_alone():
     assert pooled["evo-random"]["paired"]["auc_seconds_seed"]["mean"] == pytest.approx(4.0)
 
 
+def test_the_equal_reports_area_takes_away_what_extra_draws_add():
+    """Two strategies whose members are equally good (fitness noise 0.1 around 0.5): one evaluates at 40
+    points, one at 5. The plain area favours the frequent one (its best-so-far is a maximum over more
+    draws); thinned to 5 reports (`at_reports`) both are maxima over 5 draws, and the lead is gone."""
+    from benchmarks.hpo.stats import at_reports, compare
+
+    rng = np.random.default_rng(0)
+
+    def curve(points):  # evenly spaced over the budget (4,000) and over 100 s
+        return [[4000 * k / points, 100 * k / points, 0.5 + 0.1 * rng.standard_normal()] for k in range(1, points + 1)]
+
+    many = [{"seed": s, "curve": curve(40), "final_best": 0.5} for s in range(30)]
+    few = [{"seed": s, "curve": curve(5), "final_best": 0.5} for s in range(30)]
+    thinned = at_reports(many[0]["curve"], 4000)
+    assert [p[0] for p in thinned] == [800, 1600, 2400, 3200, 4000]  # the last point at or before each fifth
+    assert at_reports(few[0]["curve"], 4000) == few[0]["curve"]  # five reports already: unchanged
+    assert at_reports([[3900, 99.0, 1.0]], 4000) == [[3900, 99.0, 1.0]]  # one point serves every fifth once
+    diff = compare({"evo": many, "random": few}, budget=4000)["evo-random"]["paired"]
+    assert diff["auc_seconds"]["excludes_0"] and diff["auc_seconds"]["mean"] > 0.05
+    assert not diff["auc_seconds_reports"]["excludes_0"]
+    assert abs(diff["auc_seconds_reports"]["mean"]) < 0.03
+
+
 def test_an_async_curve_takes_a_point_every_population_of_rounds():
     from benchmarks.hpo.evo_strategy import CurveObserver
 

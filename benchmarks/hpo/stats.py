@@ -31,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["auc", "bootstrap_difference", "paired_difference", "compare"]
+__all__ = ["auc", "bootstrap_difference", "paired_difference", "compare", "at_reports"]
+
+#: how many points of a curve `auc_seconds_reports` keeps: about as many as a Tune strategy reports a run
+REPORTS = 5
 
 
 def auc(curve: Sequence[Sequence[float]], axis: int, horizon: float, floor: float = 0.0,
@@ -50,6 +53,19 @@ def auc(curve: Sequence[Sequence[float]], axis: int, horizon: float, floor: floa
             break
     area += best * max(0.0, horizon - x_prev)
     return area / (horizon - start)
+
+
+def at_reports(curve: Sequence[Sequence[float]], budget: float, reports: int = REPORTS) -> list[Sequence[float]]:
+    """The curve as `reports` evenly spaced reports would have shown it: at each k/reports of the budget,
+    the last point at or before it (each point once). The best-so-far is a maximum over a curve's points,
+    and a strategy that evaluates at every rung has 60-odd points where a Tune run has 5: thinned, every
+    strategy's maximum is over about as many noisy evaluations."""
+    out: list[Sequence[float]] = []
+    for k in range(1, reports + 1):
+        before = [p for p in curve if float(p[0]) <= budget * k / reports]
+        if before and (not out or before[-1] is not out[-1]):
+            out.append(before[-1])
+    return out
 
 
 def bootstrap_difference(a: Sequence[float], b: Sequence[float], stat: Callable[[np.ndarray], float] = np.median,
@@ -117,7 +133,9 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
     (horizon: the longest run's last point over all strategies, so a slow run is charged its time).
     `auc_seconds_seed` is the area vs seconds to the longest run's last point *of the run's seed*: seeds
     run on machines of different speeds (another session) then pool, where one global horizon would
-    score the fast machine's runs mostly on their final value."""
+    score the fast machine's runs mostly on their final value. `auc_seconds_reports` is the area vs seconds
+    of each curve thinned to `REPORTS` points (`at_reports`), so a strategy that evaluates more often is
+    not ahead for its extra draws alone."""
     runs_ok = [r for runs in strategies.values() for r in complete_runs(runs)]
     seed_horizon: dict[Any, float] = {}
     for r in runs_ok:
@@ -137,7 +155,8 @@ def compare(strategies: dict[str, list[dict[str, Any]]], budget: float, referenc
                      "auc_seconds": [auc(r["curve"], 1, horizon_s, floor) for r in done],
                      "auc_steps_shared": [auc(r["curve"], 0, budget, floor, start[0]) for r in done],
                      "auc_seconds_shared": [auc(r["curve"], 1, horizon_s, floor, start[1]) for r in done],
-                     "auc_seconds_seed": [auc(r["curve"], 1, seed_horizon[r.get("seed")], floor) for r in done]}
+                     "auc_seconds_seed": [auc(r["curve"], 1, seed_horizon[r.get("seed")], floor) for r in done],
+                     "auc_seconds_reports": [auc(at_reports(r["curve"], budget), 1, horizon_s, floor) for r in done]}
     out: dict[str, Any] = {"horizon_seconds": horizon_s, "shared_window_start": {"steps": start[0], "seconds": start[1]},
                            "per_strategy": {
         name: {k: (float(np.median([x for x in v if x is not None])) if any(x is not None for x in v) else None)
