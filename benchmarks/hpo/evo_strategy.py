@@ -317,9 +317,9 @@ def run(t: Task, seed: int, backend: str = "ray", on_point: Callable[[list], Non
     from evo.runstore import RunStore
 
     overrides = settings(t, overrides or {})
-    generations = budgeted_generations(t, overrides)
-    budget = None if generations is None else t.budget
-    if budget is not None:
+    budget, generations = None, budgeted_generations(t, overrides)
+    if generations is not None:  # the budget, not the rounds' count, ends the run
+        budget = t.budget
         overrides.update({"population.budget": {"env_steps": budget}, "population.generations": generations})
     exp, text = load(t, seed, regime, backend=backend, **overrides)
     with tempfile.TemporaryDirectory(prefix="evo-hpo-") as runs_dir:
