@@ -27,6 +27,7 @@ from torch import nn
 
 from evo.checkpoint import load_state, save_state
 from evo.hparams import HParam
+from evo.inference import InferenceSearch
 from evo.records import MutationRecord
 from evo.replay.protocol import Replay, ReplaySpec
 from evo.rng import new_streams, restore_streams, streams_state
@@ -54,7 +55,8 @@ class AgentContext:
     loaded outside a run. `own_share` is the experiment's `replay.own_share`: the least share of a
     member's batches drawn from its own rows of the generation (its view's, evo.replay.view);
     `own_rows` is `replay.own_rows`: "line" makes those own rows the member's line store, kept
-    across generations and copied to its clones.
+    across generations and copied to its clones. `inference_search` is `mutation.inference_search`'s
+    ranges and step (evo.inference.InferenceSearch), None when it is off.
     """
 
     task: dict[str, Any] = field(default_factory=dict)
@@ -63,12 +65,16 @@ class AgentContext:
     seed: int = 0
     own_share: float = 0.0
     own_rows: str = "generation"
+    inference_search: InferenceSearch | None = None
 
 
 class Agent(ABC):
     """One member of a population. See docs/architecture.md for the full contract."""
 
     kind: ClassVar[str] = ""
+    # hyperparameters that change how a member acts, not what it learns (ILQL's inference_beta): another
+    # value costs an evaluation, not training (evo.inference, `mutation.inference_search`)
+    inference_hparams: ClassVar[frozenset[str]] = frozenset()
     index: int
     arch: dict[str, Any]
     hparams: dict[str, Any]

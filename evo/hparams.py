@@ -109,6 +109,10 @@ class HParam:
             x = self.value + (1 if factor >= 1.0 else -1)
         return self._fit(x)
 
+    def clip(self, x: float) -> Any:
+        """`x` as a value of this range: clipped to [min, max], rounded for an int."""
+        return self._fit(x)
+
     def _fit(self, x: float) -> Any:
         x = min(max(x, float(self.min)), float(self.max))
         if self.kind == "int":

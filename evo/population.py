@@ -27,6 +27,7 @@ from evo.agent import Agent, AgentContext
 from evo.compute import Compute, LinePoint, round_compute, scores_at_equal_compute
 from evo.diversity import measure_diversity
 from evo.faults import Failure, GenerationFailed
+from evo.inference import inference_search
 from evo.mutation import apply_mutation
 from evo.observer import RunObserver
 from evo.rng import child_seed, generation_rng, member_seed
@@ -261,7 +262,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
         device = inline_device(exp.resources.gpus_per_member)  # refuses a GPU request without CUDA
         replay = InlineScheduler.build_replay(spec, exp.seed) if spec else None
         context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, device=device, own_share=exp.replay.own_share,
-                               own_rows=exp.replay.own_rows)
+                               own_rows=exp.replay.own_rows, inference_search=inference_search(exp))
         return InlineScheduler(threads=max(1, int(exp.resources.cpus_per_member)), context=context,
                                fused=_fused_trainer(exp)), context
     from evo.scheduler.ray import RayScheduler, init_ray
@@ -276,7 +277,7 @@ def start_backend(exp: Experiment, backend: str, address: str | None = None) -> 
     workers = check_cluster(res, exp.population.size)  # an impossible request fails now, not after timeout_s
     replay = RayScheduler.build_replay(spec, exp.seed) if spec else None
     context = AgentContext(task=exp.task, replay=replay, seed=exp.seed, own_share=exp.replay.own_share,
-                           own_rows=exp.replay.own_rows)
+                           own_rows=exp.replay.own_rows, inference_search=inference_search(exp))
     return RayScheduler(exp.agent_class, context, workers, res.cpus_per_member, res.gpus_per_member,
                         res.timeout_s, res.max_failures, res.custom_resources, res.placement,
                         fused=_fused_trainer(exp)), context

@@ -180,6 +180,12 @@ class MutationSpec(_Strict):
     model_guided: float = Field(default=0.0, ge=0, description="PB2-style: new hyperparameters where a Gaussian "
                                                                "process of (hyperparameters, round) -> score gain "
                                                                "has the highest upper confidence bound (scikit-learn)")
+    inference_search: bool = Field(default=False, description="at every evaluation also evaluate each mutable "
+                                                              "hyperparameter the agent names inference-only (it "
+                                                              "changes how a member acts, not what it learns: ILQL's "
+                                                              "inference_beta) at its value x and / inference_factor, "
+                                                              "and keep the best (evo.inference): evaluations, not training")
+    inference_factor: float = Field(default=2.0, gt=1, description="inference_search's step, as a factor")
 
     @field_validator("activation_choices")
     @classmethod
@@ -498,6 +504,10 @@ def _validate(data: dict[str, Any], source: str) -> Experiment:
             if sub in {"value", "min", "max", "min/max", "kind", "scale", "choices", "grow/shrink", "resample_prob"}:
                 raise SpecError(source, f"agent.hparams.{field}.{sub.split('/')[0]}", rest2) from None
             raise SpecError(source, f"agent.hparams.{field}", rest) from None
+    if exp.mutation.inference_search and not any(space[n].mutable for n in cls.inference_hparams if n in space):
+        raise SpecError(source, "mutation.inference_search",
+                        f"agent kind {exp.agent.kind!r} has no mutable inference-only hyperparameter to search (it names "
+                        f"{sorted(cls.inference_hparams) or 'none'}; give one a range)")
     return Experiment(exp, cls, space, task, arch)
 
 

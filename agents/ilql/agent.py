@@ -58,6 +58,7 @@ def _dataset_arrays(task: Any) -> dict[str, np.ndarray]:
 
 class ILQLAgent(TorchAgent):
     kind = "ilql"
+    inference_hparams = frozenset({"inference_beta"})  # read only when decoding (evaluate, export)
 
     # ---- declarations ---------------------------------------------------------------------------
     @classmethod

@@ -249,6 +249,14 @@ TRUNCATE_HP_OWN_REST_SHARED = {**TRUNCATE_HP_OWN_REST, "resources.num_workers": 
 # its documented default): PBT's exploit and explore whole, inside evo, with half of each batch the member's own
 PBT_OWN = {**TRUNCATE_HP_OWN, "mutation.rl_hp_resample": 0.25}
 
+# `evo-truncate-hp-own-rest-infer`: evo-truncate-hp-own-rest where every evaluation also tries the member's
+# inference-only hyperparameters at twice and half their values on the same weights and keeps the best
+# (mutation.inference_search; ILQL: inference_beta, the β it decodes with). Over the peers' 1,200 evaluations on
+# randomwalks-sparse, β correlates with the score more than any other hyperparameter (0.54), yet PBT and evo
+# spend a round of training on each guess at it; here a guess costs an evaluation. EfficientZero names no
+# such hyperparameter, so on CartPole this mode is refused
+TRUNCATE_HP_OWN_REST_INFER = {**TRUNCATE_HP_OWN_REST, "mutation.inference_search": True}
+
 # Every committed run of these strategies used the plain tournament (each non-elite slot a clone of
 # its tournament's winner); the main job's file turned keep_unbeaten on after them. Each strategy
 # below starts from the plain tournament, so `evo` and the ablations stay what the committed results
@@ -272,6 +280,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                           "evo-truncate-hp-own-rest": TRUNCATE_HP_OWN_REST,
                           "evo-truncate-hp-own-rest-best": TRUNCATE_HP_OWN_REST_BEST,
                           "evo-truncate-hp-own-rest-shared": TRUNCATE_HP_OWN_REST_SHARED,
+                          "evo-truncate-hp-own-rest-infer": TRUNCATE_HP_OWN_REST_INFER,
                           "evo-pbt-own": PBT_OWN}.items()}
 
 

@@ -7,7 +7,7 @@ NAME: evo, evo-async, random, pbt, pb2, agilerl, or a variant of evo (evo-nomut,
 evo-noarch, evo-unbeaten, evo-rungs, evo-champion, evo-fallback, evo-noselect, evo-margin, evo-own,
 evo-lines, evo-explore, evo-lines-explore, evo-truncate, evo-truncate-hp, evo-truncate-hp3,
 evo-truncate-hp-own, evo-truncate-hp3-own, evo-truncate-hp-line, evo-truncate-hp-own-line,
-evo-truncate-hp-own-rest, evo-truncate-hp-own-rest-shared, evo-pbt-own;
+evo-truncate-hp-own-rest, evo-truncate-hp-own-rest-shared, evo-truncate-hp-own-rest-infer, evo-pbt-own;
 `ABLATIONS` says what each changes, `evo_strategy.VARIANTS` how).
 """
 
@@ -74,6 +74,10 @@ ABLATIONS = {"evo-nomut": "evo with every child an unmutated copy: tournament se
                                                 "flight at once, four actors of half a CPU on the two cores "
                                                 "(resources.num_workers = 4, cpus_per_member = 0.5): the same "
                                                 "results, with no actor idle while a third member trains",
+             "evo-truncate-hp-own-rest-infer": "evo-truncate-hp-own-rest where each evaluation also tries the "
+                                               "member's inference-only hyperparameters at twice and half their "
+                                               "values on the same weights and keeps the best "
+                                               "(mutation.inference_search; ILQL's inference_beta)",
              "evo-pbt-own": "evo-truncate-hp-own whose children draw each hyperparameter afresh from its whole range "
                             "with probability 0.25 (mutation.rl_hp_resample: PBT's resample_probability)"}
 

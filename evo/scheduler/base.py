@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from evo.agent import Agent, AgentContext, Evaluation
 from evo.faults import Diverged, Failure, describe_exception
+from evo.inference import search_at_evaluation
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 from evo.replay.staging import ViewBasis
@@ -98,6 +99,9 @@ def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None]
     evaluation = agent.evaluate()
     if not math.isfinite(float(evaluation.fitness)):
         raise Diverged(f"fitness is {evaluation.fitness}")
+    search = getattr(getattr(agent, "context", None), "inference_search", None)
+    if search is not None:  # mutation.inference_search: neighbours of its inference-only values, on the same weights
+        evaluation = search_at_evaluation(agent, evaluation, search)
     return metrics, evaluation, time.perf_counter() - start
 
 
