@@ -169,3 +169,19 @@ class FadingToyAgent(CountingToyAgent):
     def evaluate(self) -> Evaluation:
         ev = super().evaluate()
         return Evaluation(ev.fitness - 0.1 * max(0, self.steps_done - self.PEAK_STEPS), ev.metrics)
+
+
+class DecodingToyAgent(ToyAgent):
+    """The toy agent with an inference-only hyperparameter, `sharpness`, read only by `evaluate`: its
+    fitness loses (log2(sharpness) − 3)², so 8 is best whatever the weights (evo.inference's tests)."""
+
+    kind = "tests.toy_agent:DecodingToyAgent"
+    inference_hparams = frozenset({"sharpness"})
+
+    @classmethod
+    def default_hparams(cls) -> dict[str, HParam]:
+        return {**super().default_hparams(), "sharpness": HParam(1.0, 0.125, 64.0, scale="log")}
+
+    def evaluate(self) -> Evaluation:
+        ev = super().evaluate()
+        return Evaluation(ev.fitness - (np.log2(float(self.hparams["sharpness"])) - 3.0) ** 2, ev.metrics)

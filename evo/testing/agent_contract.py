@@ -381,6 +381,29 @@ class AgentContract:
         other = next(name for name in ("Tanh", "ReLU", *ACTIVATIONS) if name != current)
         return [other, str(current)]
 
+    def test_inference_hparams_change_how_it_acts_not_what_it_learns(self) -> None:
+        """`inference_hparams` (evo.inference searches them with evaluations alone): each is a declared
+        hyperparameter, and two seed-7 members that differ only in them train to the same weights."""
+        names = self.agent_class.inference_hparams
+        space = self.agent_class.default_hparams()
+        unknown = sorted(set(names) - set(space))
+        assert not unknown, f"inference_hparams names {unknown}, which default_hparams() does not declare"
+        if not names or not isinstance(self.make_agent(), TorchAgent):
+            return
+        a, b = self.make_agent(seed=7), self.make_agent(seed=7)
+        def other(name: str) -> Any:  # a value of the range that is not the member's
+            hp, value = space[name], a.hparams[name]
+            options = list(hp.choices or ()) if hp.kind == "choice" else [hp.max, hp.min]
+            return next(o for o in options if o != value)
+
+        changed = {n: other(n) for n in names if space[n].mutable}
+        b.set_hparams(changed)
+        a.train(self.train_steps)
+        b.train(self.train_steps)
+        assert_same_state(self.live_tensors(a), self.live_tensors(b),
+                          f"two seed-7 members trained with {sorted(changed)} apart "
+                          "(inference-only: learning must not read them)")
+
     def test_hparam_changes_reach_the_agent_and_stay_in_bounds(self) -> None:
         agent = self.make_agent()
         agent.train(self.train_steps)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from evo.testing import AgentContract
-from tests.toy_agent import ToyAgent
+from tests.toy_agent import DecodingToyAgent, ToyAgent
 
 
 class TestToyAgent(AgentContract):
@@ -21,3 +21,9 @@ class TestToyAgent(AgentContract):
     def probe(self, agent: Any) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             return {"prediction": agent.net(agent.xv)}
+
+
+class TestDecodingToyAgent(TestToyAgent):
+    """The toy agent with an inference-only hyperparameter (evo.inference's tests)."""
+
+    agent_class = DecodingToyAgent
