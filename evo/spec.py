@@ -324,6 +324,9 @@ class ExperimentSpec(_Strict):
         if self.population.mode == "async" and self.resources.fused:
             raise ValueError("population.mode: expected 'sync' with resources.fused = true (fused members train as one "
                              "program, in step), found 'async'")
+        if self.mutation.inference_search and self.resources.fused:
+            raise ValueError("mutation.inference_search: expected resources.fused = false (a fused group evaluates as "
+                             "one program, not a member at a time), found true")
         return self
 
     @model_validator(mode="after")

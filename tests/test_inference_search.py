@@ -102,6 +102,9 @@ def test_the_switch_is_refused_for_an_agent_with_nothing_to_search() -> None:
                          "agent.hparams.inference_beta": {"value": 10.0, "min": 10.0, "max": 10.0}})
     with pytest.raises(SpecError, match="inference_factor"):
         load_experiment(REPO / "experiments" / "randomwalks_ilql.toml", {"mutation.inference_factor": 1.0})
+    with pytest.raises(SpecError, match="mutation.inference_search: expected resources.fused = false"):
+        load_experiment(REPO / "experiments" / "randomwalks_ilql.toml",
+                        {"mutation.inference_search": True, "resources.fused": True})
     exp, _ = load_experiment(REPO / "experiments" / "randomwalks_ilql.toml", {"mutation.inference_search": True})
     assert exp.mutation.inference_search and exp.mutation.inference_factor == 2.0
 
@@ -118,9 +121,16 @@ def test_ilql_searches_its_decoding_beta_on_the_same_weights(one_torch_thread) -
     before = [p.detach().clone() for net in agent.networks().values() for p in net.parameters()]
     own = agent.evaluate()
     best = search_at_evaluation(agent, own, search)
-    assert agent.hparams["inference_beta"] in (0.5, 1.0, 2.0)
-    assert best.fitness >= own.fitness
+    kept = agent.hparams["inference_beta"]
     assert agent.evaluate().fitness == best.fitness  # decoding is deterministic: the kept value scores as it did
+    scores = {}
+    for beta in (1.0, 2.0, 0.5):  # the member's own, then the candidates in the search's order
+        agent.set_hparams({"inference_beta": beta})
+        scores[beta] = agent.evaluate().fitness
+    expected = 1.0
+    for beta in (2.0, 0.5):  # a candidate wins only by scoring strictly higher
+        expected = beta if scores[beta] > scores[expected] else expected
+    assert kept == expected and best.fitness == scores[expected] >= own.fitness == scores[1.0]
     after = [p for net in agent.networks().values() for p in net.parameters()]
     assert all(a.equal(b) for a, b in zip(before, after, strict=True))  # evaluations only, no training
 

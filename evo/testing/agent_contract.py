@@ -391,6 +391,7 @@ class AgentContract:
         if not names or not isinstance(self.make_agent(), TorchAgent):
             return
         a, b = self.make_agent(seed=7), self.make_agent(seed=7)
+
         def other(name: str) -> Any:  # a value of the range that is not the member's
             hp, value = space[name], a.hparams[name]
             options = list(hp.choices or ()) if hp.kind == "choice" else [hp.max, hp.min]
