@@ -23,7 +23,7 @@ from evo.hparams import HParam
 if TYPE_CHECKING:
     from evo.agent import Agent, Evaluation
 
-__all__ = ["InferenceSearch", "inference_search", "candidates", "search_at_evaluation"]
+__all__ = ["InferenceSearch", "searchable", "inference_search", "candidates", "search_at_evaluation"]
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,17 @@ class InferenceSearch:
     factor: float = 2.0
 
 
+def searchable(agent_class: type[Agent], space: dict[str, HParam]) -> dict[str, HParam]:
+    """The ranges of `space` that `agent_class` names inference-only and that can move: what the search tries."""
+    return {name: hp for name, hp in space.items() if name in agent_class.inference_hparams and hp.mutable}
+
+
 def inference_search(exp: Any) -> InferenceSearch | None:
     """The experiment's search at evaluation, or None when `mutation.inference_search` is off (evo.spec
-    refuses it on for an agent class with no mutable inference-only hyperparameter)."""
+    refuses it on when `searchable` finds nothing)."""
     if not exp.mutation.inference_search:
         return None
-    space = {name: hp for name, hp in exp.hparam_space.items() if name in exp.agent_class.inference_hparams and hp.mutable}
-    return InferenceSearch(space, exp.mutation.inference_factor)
+    return InferenceSearch(searchable(exp.agent_class, exp.hparam_space), exp.mutation.inference_factor)
 
 
 def candidates(search: InferenceSearch, values: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evo.evolvable import ACTIVATIONS
 from evo.hparams import HParam, HParamError, parse_hparam
+from evo.inference import searchable
 
 if TYPE_CHECKING:
     from evo.agent import Agent
@@ -507,7 +508,7 @@ def _validate(data: dict[str, Any], source: str) -> Experiment:
             if sub in {"value", "min", "max", "min/max", "kind", "scale", "choices", "grow/shrink", "resample_prob"}:
                 raise SpecError(source, f"agent.hparams.{field}.{sub.split('/')[0]}", rest2) from None
             raise SpecError(source, f"agent.hparams.{field}", rest) from None
-    if exp.mutation.inference_search and not any(space[n].mutable for n in cls.inference_hparams if n in space):
+    if exp.mutation.inference_search and not searchable(cls, space):
         raise SpecError(source, "mutation.inference_search",
                         f"agent kind {exp.agent.kind!r} has no mutable inference-only hyperparameter to search (it names "
                         f"{sorted(cls.inference_hparams) or 'none'}; give one a range)")

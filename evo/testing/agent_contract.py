@@ -388,7 +388,7 @@ class AgentContract:
         space = self.agent_class.default_hparams()
         unknown = sorted(set(names) - set(space))
         assert not unknown, f"inference_hparams names {unknown}, which default_hparams() does not declare"
-        if not names or not isinstance(self.make_agent(), TorchAgent):
+        if not names or not issubclass(self.agent_class, TorchAgent):
             return
         a, b = self.make_agent(seed=7), self.make_agent(seed=7)
 
