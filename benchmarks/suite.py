@@ -10,11 +10,12 @@ generation: env steps summed over all members, seconds since `evolve` began, and
 fitness, its mean return over the file's `eval_episodes` (10) greedy evaluation episodes. Beside
 it, on the same evaluation starts (each run seed's own), **a random policy** (uniform actions, each
 of the 10 starts played `RANDOM_REPEATS` (20) times under the same step cap; once under `--quick`),
-**a peer** for the classic-control tasks (AgileRL's DQN
+**a peer** (AgileRL's DQN
 population through benchmarks/hpo/agilerl_runner.py in `.venv-agilerl`, its shipped config with
-the env id changed, on the same env-step budget, seed 0 or seeds 0..K-1 with `--peer-seeds K`, each
-evo seed judged against the peer run of its own seed; skipped with the reason recorded if its venv
-cannot be made) and **an anchor** (published numbers, `ANCHORS`). Verdicts against the issue's
+the env id changed, and for MinAtar the MinAtar paper's DQN network as its image encoder, on the
+same env-step budget, seed 0 or seeds 0..K-1 with `--peer-seeds K`, each evo seed judged against
+the peer run of its own seed; skipped with the reason recorded if its venv cannot be made) and
+**an anchor** (published numbers, `ANCHORS`). Verdicts against the issue's
 targets are in each task's `verdict`.
 
 Every finished run is then evaluated **held out** (`heldout`, `evo.heldout`): its last elite and its
@@ -57,24 +58,22 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = ROOT / "runs" / "suite"
 
-#: name -> (experiment file, issue-23 target, stretch, anchor text, classic control?)
+#: name -> (experiment file, issue-23 target, stretch, anchor)
 TASKS: dict[str, dict[str, Any]] = {
-    "cartpole": {"file": "experiments/suite/cartpole.toml", "target": 475.0, "stretch": 500.0, "classic": True,
+    "cartpole": {"file": "experiments/suite/cartpole.toml", "target": 475.0, "stretch": 500.0,
                  "anchor": {"text": "SB3 DQN (rl-zoo) 500 at 50k env steps", "return": 500.0, "env_steps": 50_000}},
-    "lunarlander": {"file": "experiments/suite/lunarlander.toml", "target": 150.0, "stretch": 200.0, "classic": True,
+    "lunarlander": {"file": "experiments/suite/lunarlander.toml", "target": 150.0, "stretch": 200.0,
                     "anchor": {"text": "SB3 DQN (rl-zoo) 154 at 100k env steps, one agent", "return": 154.0,
                                "env_steps": 100_000}},
-    "mountaincar": {"file": "experiments/suite/mountaincar.toml", "target": -130.0, "stretch": -110.0, "classic": True,
+    "mountaincar": {"file": "experiments/suite/mountaincar.toml", "target": -130.0, "stretch": -110.0,
                     "anchor": {"text": "SB3 DQN (rl-zoo) -101 at 120k env steps; PPO stays at -200", "return": -101.0,
                                "env_steps": 120_000}},
     "minatar_breakout": {"file": "experiments/suite/minatar_breakout.toml", "target_x_random": 10.0, "stretch": 15.0,
-                         "classic": False,
                          "anchor": {"text": "gymnax PPO 28 at 10M env steps", "return": 28.0, "env_steps": 10_000_000}},
     "minatar_asterix": {"file": "experiments/suite/minatar_asterix.toml", "target_x_random": 4.0, "stretch": None,
-                        "classic": False,
                         "anchor": {"text": "gymnax PPO 15 at 10M env steps", "return": 15.0, "env_steps": 10_000_000}},
     "minatar_spaceinvaders": {"file": "experiments/suite/minatar_spaceinvaders.toml", "target_x_random": 4.0,
-                              "stretch": None, "classic": False,
+                              "stretch": None,
                               "anchor": {"text": "gymnax PPO 131 at 10M env steps", "return": 131.0,
                                          "env_steps": 10_000_000}},
 }
@@ -310,7 +309,7 @@ def file_digest(text: str) -> str:
 
 
 def run_peer(name: str, seed: int, env_id: str, budget: int, steps_per_generation: int) -> dict[str, Any]:
-    """AgileRL's DQN population on `env_id` (classic control only), or {"skipped": why}."""
+    """AgileRL's DQN population on `env_id` (its MinAtar network for MinAtar ids), or {"skipped": why}."""
     from benchmarks.hpo import agilerl_peer
 
     evo_steps = max(agilerl_peer.NUM_ENVS, steps_per_generation // agilerl_peer.NUM_ENVS * agilerl_peer.NUM_ENVS)
@@ -330,7 +329,8 @@ def run_peer(name: str, seed: int, env_id: str, budget: int, steps_per_generatio
             return {"skipped": f"AgileRL runner failed (exit {proc.returncode}): {proc.stderr[-600:]}"}
         result = json.loads(out.read_text())
     curve = result["curve"]
-    return {"algorithm": "DQN (AgileRL 2.58, shipped configs/training/dqn/dqn.yaml, env id changed)",
+    network = ", the MinAtar paper's network as its encoder" if env_id.startswith("MinAtar/") else ""
+    return {"algorithm": f"DQN (AgileRL 2.58, shipped configs/training/dqn/dqn.yaml, env id changed{network})",
             "curve": curve, "final_best": curve[-1][2] if curve else None,
             "peak_best": max((p[2] for p in curve), default=None), "wall_s": curve[-1][1] if curve else None,
             "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()]}
@@ -595,9 +595,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             known = by_seed.get(str(exp.seed))
             entry["random"] = dict(known) if known else random_policy(exp.task, exp.seed, episodes, cap, repeats=repeats)
         budget = exp.population.size * exp.population.generations * exp.population.steps_per_generation
-        if not TASKS[name]["classic"]:
-            entry["peer"] = {"skipped": "MinAtar: the published curve is the anchor (no peer run)"}
-        elif args.quick or args.no_peer:
+        if args.quick or args.no_peer:
             entry["peer"] = {"skipped": "--quick" if args.quick else "--no-peer"}
         else:
             if not entry.get("peer", {}).get("curve"):

@@ -250,3 +250,25 @@ def test_greedy_play_counts_a_trained_members_actions(tmp_path):
     for p in plays:
         assert abs(sum(p["action_share"]) - 1.0) < 0.01 and len(p["action_share"]) == 2
         assert p["length"] >= 8 and p["return"] == p["length"]  # CartPole: +1 a step
+
+
+@pytest.mark.parametrize("game", ["Breakout", "Asterix", "SpaceInvaders"])
+def test_the_peer_sees_minatar_as_evo_members_do(game):
+    """AgileRL's runner (its own venv, no evo imports) serves MinAtar images channel-first as uint8 0/255,
+    the layout its CNN encoder reads: the same arrays an evo member gets from the same seed, and the MinAtar
+    paper's network as the encoder (the shipped DQN config has none for images)."""
+    from agents.efficientzero.envs import make_env as evo_env
+    from benchmarks.hpo import agilerl_runner as runner
+
+    env_id = f"MinAtar/{game}-v1"
+    peer, ours = runner.make_env(env_id), evo_env({"env_id": env_id})
+    assert peer.observation_space == ours.observation_space and peer.observation_space.shape[1:] == (10, 10)
+    for seed in (0, 1):
+        obs, _ = peer.reset(seed=seed)
+        assert peer.observation_space.contains(obs) and obs.max() == 255
+        np.testing.assert_array_equal(obs, ours.reset(seed=seed)[0])
+        for action in (1, 2, 0):
+            np.testing.assert_array_equal(peer.step(action)[0], ours.step(action)[0])
+    config = runner.net_config(env_id)
+    assert config["encoder_config"] == {"channel_size": [16], "kernel_size": [3], "stride_size": [1]}
+    assert runner.net_config("CartPole-v1") is runner.NET_CONFIG

@@ -5,7 +5,8 @@ environment: `ensure_venv` makes `.venv-agilerl/` (git-ignored) with `python -m 
 the CPU torch first (the local 2.13 wheel, within evo's own torch bound), then `agilerl==2.58` and
 `peft` (AgileRL 2.58 imports peft at import time but declares it only in its `all` extra), and
 the Box2D wheel with pygame (LunarLander-v3 for benchmarks.suite; AgileRL's own box2d extra pins
-box2d-py, which needs swig to build — the same choice as evo's `envs` extra).
+box2d-py, which needs swig to build — the same choice as evo's `envs` extra) and minatar (the suite's
+MinAtar games).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from benchmarks.hpo.common import ROOT, Task
 
 VENV = ROOT / ".venv-agilerl"
 RUNNER = Path(__file__).with_name("agilerl_runner.py")
-PACKAGES = [["torch>=2.4,<2.14"], ["agilerl==2.58", "peft==0.21.0", "box2d>=2.3.10", "pygame>=2.1"]]
+PACKAGES = [["torch>=2.4,<2.14"], ["agilerl==2.58", "peft==0.21.0", "box2d>=2.3.10", "pygame>=2.1", "minatar>=1.0.15"]]
 # evo steps per member between AgileRL's evolution steps: one evo generation (a multiple of its 16 envs)
 NUM_ENVS = 16
 
@@ -32,8 +33,8 @@ def python() -> Path:
 
 
 def ensure_venv(log: Any = sys.stderr) -> Path:
-    """AgileRL's venv, made (minutes, once) if it is missing or lacks agilerl or Box2D."""
-    check = [str(python()), "-c", "import agilerl.training.train_off_policy, Box2D"]
+    """AgileRL's venv, made (minutes, once) if it is missing or lacks agilerl, Box2D or MinAtar."""
+    check = [str(python()), "-c", "import agilerl.training.train_off_policy, Box2D, minatar"]
     if python().exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python()
     print(f"creating {VENV} for AgileRL (once; a few minutes)", file=log, flush=True)

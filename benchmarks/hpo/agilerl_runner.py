@@ -1,10 +1,11 @@
-"""AgileRL's DQN with its evolutionary HPO on CartPole-v1, run the way its users run it.
+"""AgileRL's DQN with its evolutionary HPO on CartPole-v1 (or another id), run the way its users run it.
 
 This script runs inside AgileRL's own virtual environment (`benchmarks.hpo.agilerl_peer` makes it), so it
-imports AgileRL, gymnasium, numpy and torch only, never evo. It calls `train_off_policy` unchanged,
+imports AgileRL, gymnasium, numpy, torch and minatar only, never evo. It calls `train_off_policy` unchanged,
 with the settings of AgileRL's shipped DQN config (configs/training/dqn/dqn.yaml: population 4,
 tournament 2 with elitism, the mutation probabilities, the lr/batch/learn_step ranges, the network)
-on CartPole-v1, and records a curve point at every evolution step: the total env steps the
+on CartPole-v1 (`--env-id`: another gymnasium id; a MinAtar id gets the MinAtar paper's network as its
+image encoder, the shipped config having none), and records a curve point at every evolution step: the total env steps the
 population has trained on, the seconds since training started, and the best member (by AgileRL's
 own fitness) evaluated on 10 greedy episodes. That extra evaluation is the benchmark's, so its time
 is taken off the clock and its steps are not counted. The run stops when the env-step budget is
@@ -38,7 +39,33 @@ MUTATION_PARAMS = {
     "MIN_LEARN_STEP": 1, "MAX_LEARN_STEP": 10,
 }
 NET_CONFIG = {"latent_dim": 128, "encoder_config": {"hidden_size": [256]}, "head_config": {"hidden_size": [256]}}
+# MinAtar's 10x10 images: the shipped config has no image encoder, so the MinAtar paper's DQN network
+# (Young & Tian 2019: one 3x3 convolution of 16 channels, stride 1, then 128 hidden units) as AgileRL's
+# evolvable CNN encoder and MLP head; everything else is the shipped config's
+MINATAR_NET_CONFIG = {"latent_dim": 128, "encoder_config": {"channel_size": [16], "kernel_size": [3], "stride_size": [1]},
+                      "head_config": {"hidden_size": [128]}}
 ENV_ID = "CartPole-v1"
+
+
+def make_env(env_id: str) -> gym.Env:
+    """One env: gymnasium's id as it is; a MinAtar id registered (gymnasium 1.x no longer loads the
+    package's ids) and served as AgileRL reads images, channel-first uint8 0/255 (its default
+    normalize_images divides by 255)."""
+    if not env_id.startswith("MinAtar/"):
+        return gym.make(env_id)
+    from minatar.gym import register_envs
+
+    if env_id not in gym.registry:
+        register_envs()
+    env = gym.make(env_id)
+    h, w, c = env.observation_space.shape
+    space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
+    return gym.wrappers.TransformObservation(
+        env, lambda o: np.ascontiguousarray(np.transpose(o, (2, 0, 1)), dtype=np.uint8) * np.uint8(255), space)
+
+
+def net_config(env_id: str) -> dict:
+    return MINATAR_NET_CONFIG if env_id.startswith("MinAtar/") else NET_CONFIG
 
 
 class BudgetSpent(Exception):
@@ -47,7 +74,7 @@ class BudgetSpent(Exception):
 
 def greedy_return(agent, env_id: str, episodes: int, seed: int) -> float:
     """Mean return of `episodes` greedy episodes (one per env of a vector env), AgileRL's own actions."""
-    env = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(episodes)])
+    env = gym.vector.SyncVectorEnv([lambda: make_env(env_id) for _ in range(episodes)])
     obs, _ = env.reset(seed=seed)
     scores, done = np.zeros(episodes), np.zeros(episodes, dtype=bool)
     agent.set_training_mode(False)
@@ -68,7 +95,7 @@ def main() -> None:
     parser.add_argument("--evo-steps", type=int, default=INIT_HP["EVO_STEPS"], help="env steps per member per evolution step")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--env-id", default=ENV_ID, help="the gymnasium id (benchmarks.suite: the classic-control tasks)")
+    parser.add_argument("--env-id", default=ENV_ID, help="a gymnasium id, MinAtar/<Game>-v1 included")
     args = parser.parse_args()
 
     import agilerl
@@ -84,14 +111,14 @@ def main() -> None:
     np.random.seed(args.seed)
     torch.set_num_threads(1)
     hp, mp = dict(INIT_HP, EVO_STEPS=args.evo_steps), MUTATION_PARAMS
-    env = make_vect_envs(args.env_id, num_envs=hp["NUM_ENVS"])
+    env = make_vect_envs(num_envs=hp["NUM_ENVS"], make_env=lambda: make_env(args.env_id))
     hp_config = HyperparameterConfig(
         lr=RLParameter(min=mp["MIN_LR"], max=mp["MAX_LR"]),
         batch_size=RLParameter(min=mp["MIN_BATCH_SIZE"], max=mp["MAX_BATCH_SIZE"], dtype=int),
         learn_step=RLParameter(min=mp["MIN_LEARN_STEP"], max=mp["MAX_LEARN_STEP"], dtype=int, grow_factor=1.5,
                                shrink_factor=0.75),
     )
-    pop = create_population(hp["ALGO"], NET_CONFIG, hp, observation_space=env.single_observation_space,
+    pop = create_population(hp["ALGO"], net_config(args.env_id), hp, observation_space=env.single_observation_space,
                             action_space=env.single_action_space, hp_config=hp_config, population_size=hp["POP_SIZE"],
                             num_envs=hp["NUM_ENVS"], device="cpu")
     memory = ReplayBuffer(max_size=hp["MEMORY_SIZE"], device="cpu")
@@ -146,7 +173,7 @@ def main() -> None:
         "benchmark_eval_seconds_excluded": round(clock["paused"], 2),
         "versions": {"agilerl": agilerl.__version__ if hasattr(agilerl, "__version__") else _version("agilerl"),
                      "torch": torch.__version__, "gymnasium": gym.__version__},
-        "settings": {"INIT_HP": hp, "MUTATION_PARAMS": mp, "NET_CONFIG": NET_CONFIG, "env_id": args.env_id,
+        "settings": {"INIT_HP": hp, "MUTATION_PARAMS": mp, "NET_CONFIG": net_config(args.env_id), "env_id": args.env_id,
                      "steps_per_round": steps_per_round},
         "pid": os.getpid(),
     }
