@@ -8,8 +8,9 @@ on CartPole-v1 (`--env-id`: another gymnasium id; a MinAtar id gets the MinAtar 
 image encoder, the shipped config having none), and records a curve point at every evolution step: the total env steps the
 population has trained on, the seconds since training started, and the best member (by AgileRL's
 own fitness) evaluated on 10 greedy episodes. That extra evaluation is the benchmark's, so its time
-is taken off the clock and its steps are not counted. The run stops when the env-step budget is
-spent.
+is taken off the clock and its steps are not counted. The run stops after the last round that fits
+in the env-step budget (rounds are whole multiples of the 16 envs, so a budget that is not one ends
+up to a round short of it, never past it).
 
     python agilerl_runner.py --seed 0 --budget 48000 --evo-steps 2000 --out curve.json
 """
@@ -147,7 +148,7 @@ def main() -> None:
         record["curve"].append([steps, round(seconds, 2), score])
         record.setdefault("agilerl_fitness", []).append(fitness)
         print(json.dumps({"env_steps": steps, "seconds": round(seconds, 1), "best": score, "fitness": fitness}), flush=True)
-        if steps >= args.budget:
+        if steps + steps_per_round > args.budget:  # the next round would pass the budget: stop within it
             raise BudgetSpent
 
     Population.increment_evo_step = at_evolution_step
