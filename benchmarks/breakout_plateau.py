@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.greedy_play import RULES, play, tie_break_scores
+
 TASK = {"env_id": "MinAtar/Breakout-v1"}
 PADDLE, BALL = 0, 1
 NONE, LEFT, RIGHT = 0, 1, 2
@@ -60,60 +62,29 @@ def play_scripted(policy: Callable[[np.ndarray], int], episodes: int, run_seed: 
             "episodes": episodes}
 
 
-RULES = ("lowest_index", "prior", "random")
-
-
 def tie_broken_argmax(visits: np.ndarray, prior: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
     """Per row, the most visited action; among tied ones the lowest index (as `select_actions` at
-    temperature 0), the highest `prior`, or one drawn uniformly. Less than one visit is added, so only
-    tied actions change order."""
-    if rule not in RULES:
-        raise ValueError(f"rule: expected one of {RULES}, found {rule!r}")
-    score = np.asarray(visits, dtype=np.float64)
-    if rule == "prior":
-        score = score + 0.5 * np.asarray(prior)  # priors are at most 1
-    elif rule == "random":
-        score = score + 0.5 * rng.random(score.shape)
-    return score.argmax(1)
+    temperature 0), the highest `prior`, or one drawn uniformly (`greedy_play.tie_break_scores`)."""
+    return tie_break_scores(visits, prior, rule, rng).argmax(1)
 
 
 def elite_ties(run_path: str | Path, episodes: int, run_seed: int) -> dict[str, Any]:
     """The last elite of the run at `run_path`, searched greedily on `episodes` starts of `run_seed`: per
     tie-break rule, the mean return and length, and the share of its moves whose top visit count was shared
     (episodes end as the run's evaluation ends them: at the env's end or after `eval_max_steps`)."""
-    import torch
-
-    from agents.efficientzero.envs import EnvPool
-    from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
-    from agents.efficientzero.selfplay import evaluation_seed
     from evo.api import open_run
 
     agent = open_run(run_path).elite()
-    agent.model.eval()
-    cap = int(agent.selfplay.task["eval_max_steps"])
-    mcts = BatchedMCTS(MCTSConfig.from_hparams(agent.hparams, int(agent.hparams["eval_simulations"]) or None))
-    out: dict[str, Any] = {"hparams": {k: agent.hparams[k] for k in ("num_simulations", "search", "lr")}}
+    hp = agent.hparams
+    simulations = int(hp["eval_simulations"]) or int(hp["num_simulations"])
+    out: dict[str, Any] = {"hparams": {k: hp[k] for k in ("num_simulations", "search", "lr")}}
     for rule in RULES:
-        rng = np.random.default_rng(0)
-        pool = EnvPool(agent.selfplay.task, episodes)
-        for i in range(episodes):
-            pool.reset_to(i, evaluation_seed(run_seed, i))
-        returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-        done, moves, ties = np.zeros(episodes, dtype=bool), 0, 0
-        while not done.all():
-            with torch.inference_mode():
-                res = mcts.run(agent.model, torch.as_tensor(pool.observations(), dtype=torch.float32), None, add_noise=False)
-            visits = res.visit_counts
-            tied = (visits == visits.max(1, keepdims=True)).sum(1) > 1
-            actions = tie_broken_argmax(visits, res.root_prior, rule, rng)
-            for i in np.flatnonzero(~done):
-                moves, ties = moves + 1, ties + int(tied[i])
-                _, reward, term, trunc, _ = pool.step(i, int(actions[i]))
-                returns[i] += reward
-                lengths[i] += 1
-                done[i] = term or trunc or lengths[i] >= cap
-        out[rule] = {"eval_return": float(returns.mean()), "eval_length": float(lengths.mean()),
-                     "tied_share": round(ties / max(moves, 1), 3)}
+        played = play(agent, agent.selfplay.task, episodes, simulations, 0.0, np.random.default_rng(0),
+                      cap=int(agent.selfplay.task["eval_max_steps"]), run_seed=run_seed,
+                      choose=lambda result, rng, rule=rule: tie_broken_argmax(result.visit_counts, result.root_prior,
+                                                                             rule, rng))
+        out[rule] = {"eval_return": played["return"], "eval_length": played["length"],
+                     "tied_share": played["tied_share"]}
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,30 @@ import numpy as np
 CHUNK = 5000
 
 
+RULES = ("lowest_index", "prior", "random")
+
+
+def tie_break_scores(visits: np.ndarray, prior: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
+    """Root visit counts with less than one visit added so that their argmax breaks ties among the most
+    visited actions by `rule`: the lowest index (as `select_actions` at temperature 0: nothing added), the
+    highest `prior`, or uniformly at random. Untied rows keep their argmax."""
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {RULES}, found {rule!r}")
+    score = np.asarray(visits, dtype=np.float64)
+    if rule == "prior":
+        return score + 0.5 * np.asarray(prior)  # priors are at most 1
+    if rule == "random":
+        return score + 0.5 * rng.random(score.shape)
+    return score
+
+
 def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | None, temperature: float,
-         rng: np.random.Generator, cap: int = 1000) -> dict[str, Any]:
-    """`episodes` episodes from the evaluation starts; `simulations` None plays uniformly at random."""
+         rng: np.random.Generator, cap: int = 1000, run_seed: int = 0,
+         choose: Callable[[Any, np.random.Generator], np.ndarray] | None = None) -> dict[str, Any]:
+    """`episodes` episodes from the evaluation starts of `run_seed` (an episode ends at the env's end or after
+    `cap` steps); `simulations` None plays uniformly at random. The search's actions are `choose(result, rng)`,
+    by default `chosen_actions` at `temperature`. `tied_share`: of the moves searched, the share whose top
+    visit count was shared."""
     import torch
 
     from agents.efficientzero.envs import EnvPool
@@ -36,27 +58,36 @@ def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | Non
 
     pool = EnvPool(task, episodes)
     for i in range(episodes):
-        pool.reset_to(i, evaluation_seed(0, i))  # run seed 0's evaluation starts
+        pool.reset_to(i, evaluation_seed(run_seed, i))
     n_actions = pool.envs[0].action_space.n
     mcts = None if simulations is None else BatchedMCTS(MCTSConfig.from_hparams(agent.hparams, simulations))
+    choose = choose or (lambda result, gen: chosen_actions(result, temperature, gen))
     agent.model.eval()
     counts: collections.Counter = collections.Counter()
     returns, lengths, done = np.zeros(episodes), np.zeros(episodes, dtype=np.int64), np.zeros(episodes, dtype=bool)
+    tied = np.zeros(episodes, dtype=bool)
+    ties = 0
     while not done.all():
         if mcts is None:
             actions = rng.integers(0, n_actions, episodes)
         else:
-            obs = torch.as_tensor(pool.observations(), dtype=torch.float32)
-            actions = chosen_actions(mcts.run(agent.model, obs, None, add_noise=False), temperature, rng)
+            with torch.inference_mode():
+                result = mcts.run(agent.model, torch.as_tensor(pool.observations(), dtype=torch.float32), None,
+                                  add_noise=False)
+            visits = result.visit_counts
+            tied = (visits == visits.max(1, keepdims=True)).sum(1) > 1
+            actions = choose(result, rng)
         for i in np.flatnonzero(~done):
             counts[int(actions[i])] += 1
+            ties += int(tied[i])
             _, reward, term, trunc, _ = pool.step(i, int(actions[i]))
             returns[i] += reward
             lengths[i] += 1
             done[i] = term or trunc or lengths[i] >= cap
     total = sum(counts.values())
     return {"return": float(returns.mean()), "se": float(returns.std() / np.sqrt(episodes)),
-            "length": float(lengths.mean()), "action_share": [round(counts[a] / total, 3) for a in range(n_actions)]}
+            "length": float(lengths.mean()), "action_share": [round(counts[a] / total, 3) for a in range(n_actions)],
+            "tied_share": round(ties / max(total, 1), 3)}
 
 
 def examine(file: str, checkpoints: list[int], overrides: dict[str, Any], episodes: int = 30) -> dict[str, Any]:

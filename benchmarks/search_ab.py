@@ -72,6 +72,7 @@ def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
     same starts with ties broken by lowest index (as shipped) and uniformly at random."""
     from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult
     from agents.efficientzero.selfplay import drive
+    from benchmarks.greedy_play import tie_break_scores
 
     mcts = BatchedMCTS(MCTSConfig.from_hparams(agent.hparams))
     out = {}
@@ -85,7 +86,7 @@ def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
             top = res.visit_counts.max(1, keepdims=True)
             steps += len(top)
             ties += int(((res.visit_counts == top).sum(1) > 1).sum())
-            counts = res.visit_counts + (rng.random(res.visit_counts.shape) * 0.5 if rule == "random" else 0)
+            counts = tie_break_scores(res.visit_counts, res.root_prior, rule, rng)
             return SearchResult(counts, res.root_values, res.policy, res.root_prior, res.action)
 
         metrics = drive(agent.selfplay.evaluation(agent.context.seed), search)

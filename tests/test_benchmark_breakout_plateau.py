@@ -74,7 +74,7 @@ def test_lowest_index_ties_replay_the_runs_own_evaluation(breakout_run: evo.Run)
     # a barely trained member ties on most moves, so breaking them at random plays other episodes
     assert ties["lowest_index"]["tied_share"] > 0.5
     assert ties["random"]["eval_length"] != ties["lowest_index"]["eval_length"]
-    for rule in ("lowest_index", "prior", "random"):
+    for rule in bp.RULES:
         assert 0.0 <= ties[rule]["tied_share"] <= 1.0 and 0 < ties[rule]["eval_length"] <= 40
 
 
