@@ -69,7 +69,10 @@ if __name__ == "__main__":
 def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
     """Greedy evaluation's visit ties (issue 23's suspect: argmax breaks them toward action 0): the
     share of evaluation steps whose top visit count is shared, and the evaluation return on the
-    same starts with ties broken by lowest index (as shipped) and uniformly at random."""
+    same starts with ties broken by lowest index (as shipped) and uniformly at random. The share counts
+    every searched row, and the evaluation searches finished envs too (their last observation), so it
+    is not the share of moves played; `greedy_play.play`'s `tied_share` is (the numbers in
+    docs/efficientzero.md were made with this one)."""
     from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult
     from agents.efficientzero.selfplay import drive
     from benchmarks.greedy_play import tie_break_scores
