@@ -48,8 +48,8 @@ def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | Non
          choose: Callable[[Any, np.random.Generator], np.ndarray] | None = None) -> dict[str, Any]:
     """`episodes` episodes from the evaluation starts of `run_seed` (an episode ends at the env's end or after
     `cap` steps); `simulations` None plays uniformly at random. The search's actions are `choose(result, rng)`,
-    by default `chosen_actions` at `temperature`. `tied_share`: of the moves searched, the share whose top
-    visit count was shared."""
+    by default `chosen_actions` at `temperature`. `tied_share`: of the moves played, the share whose search
+    had its top visit count shared (0 without a search)."""
     import torch
 
     from agents.efficientzero.envs import EnvPool

@@ -250,6 +250,8 @@ def test_greedy_play_counts_a_trained_members_actions(tmp_path):
     for p in plays:
         assert abs(sum(p["action_share"]) - 1.0) < 0.01 and len(p["action_share"]) == 2
         assert p["length"] >= 8 and p["return"] == p["length"]  # CartPole: +1 a step
+        assert 0.0 <= p["tied_share"] <= 1.0
+    assert result["random"]["tied_share"] == 0.0  # no search, no ties
 
 
 @pytest.mark.parametrize("game", ["Breakout", "Asterix", "SpaceInvaders"])
