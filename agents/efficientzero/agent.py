@@ -118,6 +118,10 @@ class EfficientZeroAgent(TorchAgent):
             "explore_max_duration": HParam(100, kind="int"),
             # env i of n explores with explore_epsilon ** (1 + explore_spread * i / (n - 1)) (Ape-X's spectrum)
             "explore_spread": HParam(0.0),
+            # annealed as a DQN's: from explore_epsilon_start down to explore_epsilon over the member's first
+            # explore_decay_steps env steps (counted across clones, which copy the counters); 0 = no schedule
+            "explore_epsilon_start": HParam(1.0),
+            "explore_decay_steps": HParam(0, kind="int"),
         }
 
     @classmethod
@@ -305,7 +309,7 @@ class EfficientZeroAgent(TorchAgent):
         compiled0 = learner.compile_stats()["compile_seconds"]
         t0 = time.perf_counter()
         finished = self.selfplay.collect(self.model, self.hparams, self.rng, self.replay, self.index, steps,
-                                         lambda n: self._learn_after(n, learned))
+                                         lambda n: self._learn_after(n, learned), self.env_steps)
         out = {k: float(np.mean(v)) for k, v in learned.items()}
         self.last_train_seconds = time.perf_counter() - t0
         out.update({"env_steps": float(self.env_steps), "updates": float(self.updates),

@@ -230,7 +230,7 @@ class FusedEfficientZero:
         model = self._search_model(group, M)
         learned: list[dict[str, list[float]]] = [{} for _ in agents]
         outcome: list[Any] = [None] * M
-        segments = [a.selfplay.segment(a.hparams, a.rng, a.replay, a.index, steps, None) for a in agents]
+        segments = [a.selfplay.segment(a.hparams, a.rng, a.replay, a.index, steps, None, a.env_steps) for a in agents]
         obs = [next(seg) for seg in segments]
         live = list(range(M))
         while live:

@@ -134,18 +134,20 @@ class SelfPlay:
         return (member_index << EPISODE_SHIFT) | self.episodes
 
     def collect(self, model: torch.nn.Module, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay,
-                member_index: int, steps: int, after_step: Callable[[int], None]) -> list[float]:
+                member_index: int, steps: int, after_step: Callable[[int], None], env_steps: int = 0) -> list[float]:
         """Collect at least `steps` env steps (a multiple of `num_envs`) searching with `model`
         (PUCT: Dirichlet noise at the root, actions sampled at `collect_temperature`; Gumbel: Gumbel
         noise at the root, the search's own action); `after_step(num_envs)`
-        runs after every vector step. Returns the returns of the episodes that finished."""
+        runs after every vector step; `env_steps` is the member's count before this call (where an
+        `explore_decay_steps` schedule stands). Returns the returns of the episodes that finished."""
         mcts = BatchedMCTS(MCTSConfig.from_hparams(hp))
         model.eval()
-        return drive(self.segment(hp, rng, replay, member_index, steps, after_step),
+        return drive(self.segment(hp, rng, replay, member_index, steps, after_step, env_steps),
                      lambda obs: mcts.run(model, torch.as_tensor(obs, dtype=torch.float32), rng, add_noise=True))
 
     def segment(self, hp: Mapping[str, Any], rng: np.random.Generator, replay: Replay, member_index: int, steps: int,
-                after_step: Callable[[int], None] | None) -> Generator[np.ndarray | None, SearchResult | None, list[float]]:
+                after_step: Callable[[int], None] | None,
+                env_steps: int = 0) -> Generator[np.ndarray | None, SearchResult | None, list[float]]:
         """`collect` without the search: yields each vector step's observations and expects the search
         result for them (made with `rng`'s root noise) in return. A fused trainer drives several
         members' segments with one search over all their roots; `collect` drives one.
@@ -165,7 +167,8 @@ class SelfPlay:
         collected = 0
         while collected < steps:
             result = yield obs
-            actions = explore.apply(chosen_actions(result, temperature, rng), self.repeat_left, self.repeat_action, rng)
+            actions = explore.apply(chosen_actions(result, temperature, rng), self.repeat_left, self.repeat_action, rng,
+                                    env_steps + collected)
             for i in range(n):
                 _, reward, term, trunc, life_lost = pool.step(i, int(actions[i]))
                 life_end = life_lost and self._life_terminal and not term
@@ -247,19 +250,29 @@ class ExtendedExploration:
 
     `spread` gives the member's envs a spectrum of epsilons as Ape-X's actors (Horgan et al. 2018):
     env i of n explores with epsilon ** (1 + spread * i / (n - 1)), so env 0 explores most and the
-    last almost not at all (spread 0: every env at `epsilon`)."""
+    last almost not at all (spread 0: every env at `epsilon`).
+
+    `decay_steps` > 0 anneals as a DQN does (Mnih et al. 2015): at the member's env step t the
+    probability is epsilon + (epsilon_start - epsilon) * max(0, 1 - t / decay_steps), from
+    `epsilon_start` down to `epsilon`, which it then keeps (0: `epsilon` from the first step)."""
 
     def __init__(self, epsilon: float, mu: float, max_duration: int, num_actions: int, num_envs: int = 1,
-                 spread: float = 0.0) -> None:
+                 spread: float = 0.0, epsilon_start: float = 1.0, decay_steps: int = 0) -> None:
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"hparams.explore_epsilon: expected a probability in [0, 1], found {epsilon}")
+        if not 0.0 <= epsilon_start <= 1.0:
+            raise ValueError(f"hparams.explore_epsilon_start: expected a probability in [0, 1], found {epsilon_start}")
+        if decay_steps < 0:
+            raise ValueError(f"hparams.explore_decay_steps: expected at least 0, found {decay_steps}")
         if max_duration < 1:
             raise ValueError(f"hparams.explore_max_duration: expected at least 1, found {max_duration}")
         if spread < 0:
             raise ValueError(f"hparams.explore_spread: expected at least 0, found {spread}")
         self.epsilon, self.num_actions = float(epsilon), int(num_actions)
+        self.epsilon_start, self.decay_steps = float(epsilon_start), int(decay_steps)
         rank = np.arange(num_envs) / max(num_envs - 1, 1)
-        self.epsilons = float(epsilon) ** (1.0 + float(spread) * rank)
+        self.exponents = 1.0 + float(spread) * rank
+        self.epsilons = float(epsilon) ** self.exponents
         n = np.arange(1, int(max_duration) + 1, dtype=np.float64)
         p = n ** -float(mu)
         self.cdf = np.cumsum(p / p.sum())
@@ -267,20 +280,31 @@ class ExtendedExploration:
     @classmethod
     def from_hparams(cls, hp: Mapping[str, Any], num_actions: int, num_envs: int = 1) -> ExtendedExploration:
         return cls(float(hp.get("explore_epsilon", 0.0)), float(hp.get("explore_duration_mu", 2.0)),
-                   int(hp.get("explore_max_duration", 100)), num_actions, num_envs, float(hp.get("explore_spread", 0.0)))
+                   int(hp.get("explore_max_duration", 100)), num_actions, num_envs, float(hp.get("explore_spread", 0.0)),
+                   float(hp.get("explore_epsilon_start", 1.0)), int(hp.get("explore_decay_steps", 0)))
+
+    def epsilon_at(self, step: int) -> float:
+        """The exploration probability at the member's env step `step` (before `spread`)."""
+        if self.decay_steps <= 0 or step >= self.decay_steps:
+            return self.epsilon
+        return self.epsilon + (self.epsilon_start - self.epsilon) * (1.0 - step / self.decay_steps)
 
     def durations(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """`size` draws of n ~ zeta(mu) truncated to 1..max_duration."""
         return np.minimum(np.searchsorted(self.cdf, rng.random(size), side="right"), len(self.cdf) - 1) + 1
 
-    def apply(self, actions: np.ndarray, left: list[int], held: list[int], rng: np.random.Generator | None) -> np.ndarray:
-        """The actions to play given the search's `actions`; `left` / `held` (per env: steps of the
-        current option left, its action) are updated in place."""
-        if self.epsilon <= 0.0 or rng is None:
+    def apply(self, actions: np.ndarray, left: list[int], held: list[int], rng: np.random.Generator | None,
+              step: int = 0) -> np.ndarray:
+        """The actions to play given the search's `actions` at the member's env step `step`; `left` /
+        `held` (per env: steps of the current option left, its action) are updated in place."""
+        epsilon = self.epsilon_at(step)
+        if epsilon <= 0.0 or rng is None:
             return actions
+        # annealing: the spread's spectrum around the current epsilon (its fixed values once it is done)
+        epsilons = self.epsilons if epsilon == self.epsilon else epsilon ** self.exponents
         out = np.array(actions, copy=True)
         for i in range(len(out)):
-            if left[i] <= 0 and rng.random() < self.epsilons[min(i, len(self.epsilons) - 1)]:
+            if left[i] <= 0 and rng.random() < epsilons[min(i, len(epsilons) - 1)]:
                 held[i] = int(rng.integers(self.num_actions))
                 left[i] = int(self.durations(rng, 1)[0])
             if left[i] > 0:

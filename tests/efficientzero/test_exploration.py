@@ -77,6 +77,71 @@ def test_spread_gives_the_envs_an_ape_x_spectrum_of_epsilons():
     assert off[0] > 0.5 * 5_000 and off[-1] < 0.05 * 5_000 and np.all(np.diff(off) <= 150)
 
 
+def test_epsilon_anneals_from_its_start_to_its_floor_as_a_dqn():
+    explore = ExtendedExploration(0.1, 2.0, 1, 4, epsilon_start=1.0, decay_steps=1000)
+    assert [explore.epsilon_at(t) for t in (0, 500, 1000, 5000)] == pytest.approx([1.0, 0.55, 0.1, 0.1])
+    rng, left, held = np.random.default_rng(4), [0], [0]
+    # the search says 3; a random action is 3 a quarter of the time, so 3/4 of the explored steps show
+    early = np.mean([explore.apply(np.array([3]), left, held, rng, step=0)[0] != 3 for _ in range(8000)])
+    late = np.mean([explore.apply(np.array([3]), left, held, rng, step=1000)[0] != 3 for _ in range(8000)])
+    assert abs(early - 0.75) < 0.03 and abs(late - 0.075) < 0.015, (early, late)
+    # no schedule (decay_steps 0, the default): the same draws as before the schedule existed, at any step
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    plain = ExtendedExploration(0.3, 2.0, 10, 3, num_envs=4, spread=2.0)
+    scheduled_off = ExtendedExploration(0.3, 2.0, 10, 3, num_envs=4, spread=2.0, epsilon_start=0.9, decay_steps=0)
+    for step in range(300):
+        assert plain.apply(np.zeros(4, int), [0] * 4, [0] * 4, a).tolist() == \
+            scheduled_off.apply(np.zeros(4, int), [0] * 4, [0] * 4, b, step=step * 1000).tolist()
+    assert a.bit_generator.state == b.bit_generator.state
+    with pytest.raises(ValueError, match="explore_epsilon_start"):
+        ExtendedExploration(0.1, 2.0, 1, 2, epsilon_start=1.2, decay_steps=10)
+    with pytest.raises(ValueError, match="explore_decay_steps"):
+        ExtendedExploration(0.1, 2.0, 1, 2, decay_steps=-1)
+
+
+class _RecordingStore:
+    """A member's real store with the rows it inserts kept (train() also samples, so everything else passes through)."""
+
+    def __init__(self, store):
+        self.store, self.inserts = store, []
+
+    def insert(self, batch):
+        self.inserts.append({k: np.array(v) for k, v in batch.items()})
+        return self.store.insert(batch)
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "fused"])
+def test_the_schedule_runs_on_the_members_env_steps_across_train_calls(fused, one_torch_thread):
+    """ε from 1 to 0 over a member's first 64 env steps, collecting on the search's argmax otherwise: the
+    first call's actions often differ from the search's choice, the second call's (steps 64..127) never,
+    alone and in a fused group (a schedule restarted at every call would explore again)."""
+    from agents.efficientzero.fused import FusedEfficientZero
+    from tests.efficientzero.test_agent import TASK as AGENT_TASK
+    from tests.efficientzero.test_agent import make
+
+    recording = _RecordingStore(build_replay(EfficientZeroAgent.replay_spec(AGENT_TASK), 0, distributed=False))
+    agent = make(replay=recording, hp={"collect_temperature": 0.0, "explore_epsilon": 0.0, "explore_max_duration": 1,
+                                       "explore_epsilon_start": 1.0, "explore_decay_steps": 64})
+    off_argmax = []
+    for _ in range(2):
+        recording.inserts.clear()
+        if fused:
+            FusedEfficientZero().train([agent], 64)
+        else:
+            agent.train(64)
+        rows = {k: np.concatenate([b[k] for b in recording.inserts]) for k in ("action", "policy")}
+        assert len(rows["action"]) == 64
+        off_argmax.append(int(np.count_nonzero(rows["action"] != rows["policy"].argmax(1))))
+    assert off_argmax[0] >= 5 and off_argmax[1] == 0, off_argmax
+    assert agent.env_steps == 128
+
+
 def _mountaincar_goals(hp_over: dict, steps: int, seed: int) -> tuple[int, int]:
     """(episodes that reached the flag, episodes) in `steps` env steps of an untrained member's collection."""
     import torch
