@@ -29,6 +29,11 @@ CHUNK = 5000
 RULES = ("lowest_index", "prior", "random")
 
 
+def tied_rows(visits: np.ndarray) -> np.ndarray:
+    """Per row of root visit counts: is its top count shared by more than one action?"""
+    return (visits == visits.max(1, keepdims=True)).sum(1) > 1
+
+
 def tie_break_scores(visits: np.ndarray, prior: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
     """Root visit counts with less than one visit added so that their argmax breaks ties among the most
     visited actions by `rule`: the lowest index (as `select_actions` at temperature 0: nothing added), the
@@ -74,8 +79,7 @@ def play(agent: Any, task: dict[str, Any], episodes: int, simulations: int | Non
             with torch.inference_mode():
                 result = mcts.run(agent.model, torch.as_tensor(pool.observations(), dtype=torch.float32), None,
                                   add_noise=False)
-            visits = result.visit_counts
-            tied = (visits == visits.max(1, keepdims=True)).sum(1) > 1
+            tied = tied_rows(result.visit_counts)
             actions = choose(result, rng)
         for i in np.flatnonzero(~done):
             counts[int(actions[i])] += 1

@@ -75,7 +75,7 @@ def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
     docs/efficientzero.md were made with this one)."""
     from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, SearchResult
     from agents.efficientzero.selfplay import drive
-    from benchmarks.greedy_play import tie_break_scores
+    from benchmarks.greedy_play import tie_break_scores, tied_rows
 
     mcts = BatchedMCTS(MCTSConfig.from_hparams(agent.hparams))
     out = {}
@@ -86,9 +86,8 @@ def tie_stats(agent: EfficientZeroAgent, seed: int = 0) -> dict:
         def search(obs, rule=rule, rng=rng):
             nonlocal steps, ties
             res = mcts.run(agent.model, torch.as_tensor(obs, dtype=torch.float32), None, add_noise=False)
-            top = res.visit_counts.max(1, keepdims=True)
-            steps += len(top)
-            ties += int(((res.visit_counts == top).sum(1) > 1).sum())
+            steps += len(res.visit_counts)
+            ties += int(tied_rows(res.visit_counts).sum())
             counts = tie_break_scores(res.visit_counts, res.root_prior, rule, rng)
             return SearchResult(counts, res.root_values, res.policy, res.root_prior, res.action)
 

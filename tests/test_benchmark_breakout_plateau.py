@@ -84,3 +84,18 @@ def test_the_command_writes_its_json_and_refuses_no_episodes(tmp_path: Path, bre
     assert set(out) >= {"tracking", "random", "elite", "loadavg", "run_seed"}
     with pytest.raises(SystemExit):
         bp.main(["--episodes", "0", "--json", str(tmp_path / "q.json")])
+
+
+def test_tie_breaks_move_only_tied_rows() -> None:
+    from benchmarks.greedy_play import tie_break_scores, tied_rows
+
+    visits = np.array([[2, 2, 2, 1, 1], [4, 1, 1, 1, 1], [0, 3, 3, 2, 0]])
+    prior = np.array([[0.1, 0.2, 0.5, 0.1, 0.1], [0.1, 0.6, 0.1, 0.1, 0.1], [0.2, 0.4, 0.1, 0.2, 0.1]])
+    assert tied_rows(visits).tolist() == [True, False, True]
+    rng = np.random.default_rng(0)
+    assert tie_break_scores(visits, prior, "lowest_index", rng).argmax(1).tolist() == [0, 0, 1]
+    assert tie_break_scores(visits, prior, "prior", rng).argmax(1).tolist() == [2, 0, 1]
+    drawn = np.array([tie_break_scores(visits, prior, "random", rng).argmax(1) for _ in range(300)])
+    assert set(drawn[:, 0]) == {0, 1, 2} and set(drawn[:, 1]) == {0} and set(drawn[:, 2]) == {1, 2}
+    with pytest.raises(ValueError, match="rule"):
+        tie_break_scores(visits, prior, "first", rng)
