@@ -99,23 +99,6 @@ def test_epsilon_anneals_from_its_start_to_its_floor_as_a_dqn():
         ExtendedExploration(0.1, 2.0, 1, 2, decay_steps=-1)
 
 
-class _RecordingStore:
-    """A member's real store with the rows it inserts kept (train() also samples, so everything else passes through)."""
-
-    def __init__(self, store):
-        self.store, self.inserts = store, []
-
-    def insert(self, batch):
-        self.inserts.append({k: np.array(v) for k, v in batch.items()})
-        return self.store.insert(batch)
-
-    def __len__(self):
-        return len(self.store)
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-
 @pytest.mark.parametrize("fused", [False, True], ids=["alone", "fused"])
 def test_the_schedule_runs_on_the_members_env_steps_across_train_calls(fused, one_torch_thread):
     """ε from 1 to 0 over a member's first 64 env steps, collecting on the search's argmax otherwise: the
@@ -125,7 +108,7 @@ def test_the_schedule_runs_on_the_members_env_steps_across_train_calls(fused, on
     from tests.efficientzero.test_agent import TASK as AGENT_TASK
     from tests.efficientzero.test_agent import make
 
-    recording = _RecordingStore(build_replay(EfficientZeroAgent.replay_spec(AGENT_TASK), 0, distributed=False))
+    recording = RecordingReplay(build_replay(EfficientZeroAgent.replay_spec(AGENT_TASK), 0, distributed=False))
     agent = make(replay=recording, hp={"collect_temperature": 0.0, "explore_epsilon": 0.0, "explore_max_duration": 1,
                                        "explore_epsilon_start": 1.0, "explore_decay_steps": 64})
     off_argmax = []

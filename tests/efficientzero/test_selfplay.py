@@ -17,7 +17,8 @@ HP = {**{k: hp.value for k, hp in EfficientZeroAgent.default_hparams().items()},
 
 
 class RecordingReplay:
-    """The real store, with every inserted batch kept for inspection."""
+    """The real store, with every inserted batch kept for inspection (all else passes through, so a
+    training member can sample from it)."""
 
     def __init__(self, store):
         self.store, self.inserts = store, []
@@ -25,6 +26,12 @@ class RecordingReplay:
     def insert(self, batch):
         self.inserts.append({k: np.array(v) for k, v in batch.items()})
         return self.store.insert(batch)
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
 
 
 def _model():
