@@ -154,7 +154,7 @@ class SelfPlay:
 
         With `after_step=None` the generator yields None after each vector step instead of calling
         it (resume it with `send(None)`): a fused driver learns for every member there, in the
-        place `after_step` would have run — before the segment's final rows are flushed."""
+        place `after_step` would have run — before the segment's final rows are flushed. `env_steps`: as `collect`'s."""
         n = int(self.task["num_envs"])
         pool = self._training_pool(rng)
         obs = pool.observations()
@@ -244,7 +244,7 @@ class ExtendedExploration:
     step of an env not already exploring, with probability `epsilon` a uniformly random action is
     drawn and held for n steps, n from a zeta (power-law) distribution P(n) ∝ n^-mu on 1..`max_duration`;
     otherwise the search's action is played. The search still runs at every step and its policy
-    is stored as the target: only the action played differs. `epsilon` 0 draws nothing from the RNG
+    is stored as the target: only the action played differs. A step at epsilon 0 draws nothing from the RNG
     (collection is then exactly the search's). Dithering (n = 1 always) is what `mu` → ∞ gives;
     a small `mu` holds an action long enough to change a state's momentum (MountainCar's swing).
 
