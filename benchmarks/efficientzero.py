@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 
 from agents.efficientzero import learner
 from agents.efficientzero.agent import EfficientZeroAgent
+from benchmarks.devices import cpu_name
 from evo.agent import AgentContext
 from evo.replay import build_replay
 
@@ -78,7 +78,7 @@ def main() -> None:
         "arch": {k: agent.arch[k] for k in ("latent_size", "width", "lstm_hidden_size", "value_support", "reward_support")},
         "task": TASK,
         "torch_threads": 1,
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_name(),
         "curve": curve,
     }
     print(json.dumps({k: out[k] for k in ("env_steps_to_195", "wall_s_to_195", "final_eval_return", "env_steps", "updates")}))

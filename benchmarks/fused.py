@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import time
 from typing import Any
 
@@ -37,7 +36,7 @@ from agents.efficientzero import learner
 from agents.efficientzero.agent import EfficientZeroAgent
 from agents.efficientzero.fused import FusedEfficientZero, StackedSearchModel, search_members
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
-from benchmarks.devices import checked_device, device_name, wait_for
+from benchmarks.devices import checked_device, cpu_name, device_name, wait_for
 from evo.fused import FusedGroup, stack_batches
 
 ARCH = {"variant": "mlp", "latent_size": 64, "width": 64, "blocks": [64], "lstm_hidden_size": 64,
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     chosen = [int(x) for x in args.sizes.split(",") if x]
     sizes = chosen or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
     windows, seconds = (2, 1.5) if args.quick else (3, 3.0)
-    out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+    out: dict[str, Any] = {"machine": cpu_name(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "quick": args.quick, "device": DEVICE,
                            "device_name": device_name(DEVICE)}
     if "learner" not in skip:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from agents.efficientzero.agent import EfficientZeroAgent
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig
 from agents.efficientzero.model import build_model
+from benchmarks.devices import cpu_name
 
 
 class TimedModel:
@@ -86,7 +86,7 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 results.append(r)
     out = {"benchmark": "mcts", "quick": args.quick, "model": "CartPole MLP (latent 64, LSTM 64, support 51/11)",
-           "torch_threads": 1, "machine": platform.processor() or platform.machine(), "results": results}
+           "torch_threads": 1, "machine": cpu_name(), "results": results}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)

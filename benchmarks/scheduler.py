@@ -50,13 +50,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from typing import Any
 
 import torch
 
 from agents.efficientzero.agent import EfficientZeroAgent
+from benchmarks.devices import cpu_name
 from evo.agent import AgentContext
 from evo.replay.protocol import Replay
 from evo.spec import load_experiment
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     generations = args.generations or (2 if args.quick else 3)
     exp = experiment()
     states = start_states(exp)
-    out: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    out: dict[str, Any] = {"machine": cpu_name(), "cpus": os.cpu_count(),
                            "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
                            "agent": "efficientzero (CartPole-v1)", "members": MEMBERS, "steps_per_member": steps,
                            "workers": args.workers, "prefetch": args.prefetch, "load_average_before": os.getloadavg()}

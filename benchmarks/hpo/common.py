@@ -116,6 +116,8 @@ def machine() -> dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
+    from benchmarks.devices import cpu_description
+
     return {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "loadavg_at_start": list(os.getloadavg()),
+            "cpu": cpu_description(), "python": platform.python_version(), "loadavg_at_start": list(os.getloadavg()),
             "versions": {k: version(k) for k in ("torch", "ray", "gymnasium", "numpy", "GPy", "scikit-learn")}}
