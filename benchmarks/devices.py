@@ -46,8 +46,8 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
 
 
 def cpu_name() -> str:
-    """The CPU's model name ("AMD EPYC 9B14", "Intel(R) Xeon(R) Processor"), else what `platform` knows."""
-    return cpu_description()["model"]
+    """The CPU's model name (this session's: "Intel(R) Xeon(R) Processor"), else what `platform` knows."""
+    return str(cpu_description()["model"])
 
 
 def cpu_description() -> dict[str, object]:

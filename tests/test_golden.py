@@ -13,13 +13,13 @@ import json
 
 import pytest
 
-from tests.golden.record import TINY, differences, golden_path, run_table
+from tests.golden.record import TINY, differences, golden_path, recorded_on_this_cpu, run_table
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_tiny_run_matches_recording(name: str) -> None:
     recorded = json.loads(golden_path(name).read_text())
-    assert differences(recorded, run_table(name)) == []
+    assert differences(recorded, run_table(name), same_cpu=recorded_on_this_cpu(name)) == []
 
 
 def test_a_changed_decision_or_loss_is_a_difference() -> None:
@@ -34,3 +34,16 @@ def test_a_changed_decision_or_loss_is_a_difference() -> None:
     assert len(found) == 3 and "row 4" in found[0] and "fitness" in found[0] and "loss_policy" in found[1], found
     assert "row 7" in found[2] and "train_episodes" in found[2], found
     assert differences(recorded, recorded[:-1]) == [f"{len(recorded) - 1} evaluations, recorded {len(recorded)}"]
+
+
+def test_on_another_cpu_only_the_training_numbers_are_let_go() -> None:
+    recorded = json.loads(golden_path("cartpole_efficientzero").read_text())
+    changed = json.loads(json.dumps(recorded))
+    changed[4]["train_metrics"]["loss_policy"] *= 1.12  # measured: up to 12% on an AMX Xeon
+    changed[4]["train_metrics"]["train_episode_return"] += 0.75
+    assert len(differences(recorded, changed)) == 2  # on the recording's CPU both count
+    assert differences(recorded, changed, same_cpu=False) == []
+    changed[5]["fitness"] += 1e-12  # a decision: exact on any CPU
+    changed[6]["train_metrics"]["train_episodes"] += 1  # a count too
+    found = differences(recorded, changed, same_cpu=False)
+    assert len(found) == 2 and "fitness" in found[0] and "train_episodes" in found[1], found

@@ -116,7 +116,7 @@ def machine() -> dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
-    from benchmarks.devices import cpu_description
+    from benchmarks.devices import cpu_description  # here, not at the top: it imports torch, which this module does not
 
     return {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
             "cpu": cpu_description(), "python": platform.python_version(), "loadavg_at_start": list(os.getloadavg()),
