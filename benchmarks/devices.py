@@ -45,6 +45,14 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
     return {"model": fields.get("model name") or None, "flags": [f for f in CPU_FLAGS if f in flags]}
 
 
+def read_cpuinfo() -> dict[str, object]:
+    """`parse_cpuinfo` of this machine's /proc/cpuinfo; model and flags None where there is none (not Linux)."""
+    try:
+        return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return {"model": None, "flags": None}
+
+
 def cpu_name() -> str:
     """The CPU's model name (this session's: "Intel(R) Xeon(R) Processor"), else what `platform` knows."""
     return str(cpu_description()["model"])
@@ -53,9 +61,6 @@ def cpu_name() -> str:
 def cpu_description() -> dict[str, object]:
     """model (as `cpu_name`), flags (of `CPU_FLAGS`; None where /proc/cpuinfo is missing) and torch's kernel
     capability (`torch.backends.cpu.get_cpu_capability()`: "AVX512", "AVX2", ...)."""
-    try:
-        info = parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    except OSError:  # not Linux
-        info = {"model": None, "flags": None}
+    info = read_cpuinfo()
     return {"model": info["model"] or platform.processor() or platform.machine(), "flags": info["flags"],
             "torch_capability": torch.backends.cpu.get_cpu_capability()}

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.devices import checked_device, cpu_description, cpu_name, device_name, wait_for
+from benchmarks.devices import checked_device, cpu_description, device_name, wait_for
 from evo.allocator import allocator_state, keep_freed_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +295,7 @@ def main() -> None:
                            "allocator": args.allocator, "allocator_state": allocator_state(),
                            "python": platform.python_version(), "device": DEVICE,
                            "device_name": device_name(DEVICE),
-                           "cpu": cpu_name(), "cpu_description": cpu_description(), "cpus": os.cpu_count(),
+                           "cpu_description": (cpu := cpu_description()), "cpu": cpu["model"], "cpus": os.cpu_count(),
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()
     for section in sections:

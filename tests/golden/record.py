@@ -24,6 +24,8 @@ from typing import Any
 import tomli_w
 import tomllib
 
+from benchmarks.devices import read_cpuinfo
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -140,19 +142,10 @@ def golden_path(name: str) -> Path:
     return HERE / f"{name}.json"
 
 
-def this_cpu() -> dict[str, Any]:
-    from benchmarks.devices import parse_cpuinfo
-
-    try:
-        return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return {"model": None, "flags": None}
-
-
 def recorded_on_this_cpu(name: str) -> bool:
     """Whether `name`'s recording was made on this machine's CPU (True when the recording names none)."""
     recorded = json.loads(RECORDED_ON.read_text()).get(name) if RECORDED_ON.exists() else None
-    return recorded is None or recorded == this_cpu()
+    return recorded is None or recorded == read_cpuinfo()
 
 
 def differences(recorded: list[dict[str, Any]], table: list[dict[str, Any]], same_cpu: bool = True) -> list[str]:
@@ -190,7 +183,7 @@ def main() -> int:
         table = run_table(name)
         golden_path(name).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         cpus = json.loads(RECORDED_ON.read_text()) if RECORDED_ON.exists() else {}
-        RECORDED_ON.write_text(json.dumps({**cpus, name: this_cpu()}, indent=1, sort_keys=True) + "\n")
+        RECORDED_ON.write_text(json.dumps({**cpus, name: read_cpuinfo()}, indent=1, sort_keys=True) + "\n")
         print(f"wrote {golden_path(name)} ({len(table)} rows)")
     return 0
 
