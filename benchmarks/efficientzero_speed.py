@@ -1,18 +1,23 @@
 """EfficientZero's learner: baseline, fast path and compiled fast path, side by side in one process.
 
     python -m benchmarks.efficientzero_speed [--quick] [--only learner,cartpole,minatar]
-        [--arms baseline,fast,compiled] [--allocator default|keep|ab [--rounds R]] --json OUT.json
+        [--arms baseline,fast,compiled] [--warm STEPS] [--allocator default|keep|ab [--rounds R]] --json OUT.json
 
 Three arms: "baseline" (`learner.use_path("baseline")`, the step-by-step code), "fast" (the default
 eager path; float64 equality with the baseline: tests/efficientzero/test_fast_path.py) and "compiled"
 (the fast path with `task.compile = "on"`: `learner.compiled_loss`, tests/efficientzero/test_compile.py);
-a fourth when named in `--arms`: "bf16" (the fast path with `task.autocast = "bf16"`,
-tests/efficientzero/test_autocast.py; `ratio_bf16_*`: bf16 / baseline, `ratio_bf16_fast_*`: bf16 / fast).
+more when named in `--arms`: "bf16" (the fast path with `task.autocast = "bf16"`,
+tests/efficientzero/test_autocast.py; `ratio_bf16_*`: bf16 / baseline, `ratio_bf16_fast_*`: bf16 / fast)
+and "denormals" (the fast path with denormal floats kept, `EVO_DENORMALS=keep`, as before evo/denormals.py;
+`ratio_flush_*`: fast / denormals). Every arm but "baseline" and "denormals" trains with denormals
+flushed to zero, as members do; "baseline" keeps them, so it stays the code the issue started from.
 Each section builds a member from an experiment file's defaults (its task, arch and hyperparameter
-values), trains it until its replay is warm, compiles (the compiled arm's first update, timed and
-reported as `compile_seconds`, with whether inductor's disk cache already held the graph: a cold
-compile, or a warm load), then alternates the arms in short windows on that same member — baseline,
-fast, compiled, compiled, fast, baseline, ... — so load from other processes falls on all alike:
+values), trains it until its replay is warm (`--warm STEPS`: that many env steps instead, e.g. to
+measure a member late in training, where denormals appear on CPUs that pay for them), compiles (the
+compiled arm's first update, timed and reported as `compile_seconds`, with whether inductor's disk
+cache already held the graph: a cold compile, or a warm load), then alternates the arms in short
+windows on that same member — baseline, fast, compiled, compiled, fast, baseline, ... — so load from
+other processes falls on all alike:
 
 * learner: `sample_batch` + `update` (the CartPole experiment: batch 128, unroll 5); updates per
   second, and the sampling's and the update's share;
@@ -62,6 +67,8 @@ import torch
 
 from benchmarks.devices import checked_device, cpu_description, device_name, wait_for
 from evo.allocator import allocator_state, keep_freed_memory
+from evo.denormals import ENV as DENORMALS_ENV
+from evo.denormals import flush_denormals
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
@@ -81,23 +88,33 @@ def build_member(name: str, seed: int = 0) -> Any:
 
 
 ARMS = ("baseline", "fast", "compiled")
-EXTRA_ARMS = ("bf16",)  # measured only when named in --arms
+EXTRA_ARMS = ("bf16", "denormals")  # measured only when named in --arms
+KEEPS_DENORMALS = ("baseline", "denormals")
 DEVICE = "cpu"  # --device: where members' networks live
 
 
 @contextlib.contextmanager
 def arm(agent: Any, name: str) -> Iterator[None]:
-    """Run `agent` on arm `name`: its learner path, its `task.compile` and its `task.autocast`."""
+    """Run `agent` on arm `name`: its learner path, its `task.compile`, its `task.autocast` and whether
+    denormals are kept (`EVO_DENORMALS`, read by `agent.train`; set here too for the learner section,
+    which calls the learner directly)."""
     from agents.efficientzero import learner
 
-    old = agent.task["compile"], agent.task["autocast"]
+    old = agent.task["compile"], agent.task["autocast"], os.environ.get(DENORMALS_ENV)
     agent.task["compile"] = "on" if name == "compiled" else "off"
     agent.task["autocast"] = "bf16" if name == "bf16" else "off"
+    if name in KEEPS_DENORMALS:
+        os.environ[DENORMALS_ENV] = "keep"
+    else:
+        os.environ.pop(DENORMALS_ENV, None)
+    flush_denormals()
     try:
         with learner.use_path("baseline" if name == "baseline" else "fast"):
             yield
     finally:
-        agent.task["compile"], agent.task["autocast"] = old
+        agent.task["compile"], agent.task["autocast"], env = old
+        os.environ.pop(DENORMALS_ENV, None) if env is None else os.environ.update({DENORMALS_ENV: env})
+        flush_denormals()
 
 
 def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
@@ -122,7 +139,7 @@ def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str,
         out[name]["windows"] = [{k: round(v, 4) for k, v in w.items()} for w in ws]
     ratios = {"ratio": ("fast", "baseline"), "ratio_compiled": ("compiled", "baseline"),
               "ratio_compiled_fast": ("compiled", "fast"), "ratio_bf16": ("bf16", "baseline"),
-              "ratio_bf16_fast": ("bf16", "fast")}
+              "ratio_bf16_fast": ("bf16", "fast"), "ratio_flush": ("fast", "denormals")}
     for prefix, (num, den) in ratios.items():
         if num in out and den in out:
             for stat in ("median", "best"):
@@ -151,11 +168,11 @@ def compile_now(agent: Any) -> dict[str, Any]:
             "compile_failures": int(after["compile_failures"]), "load1": os.getloadavg()[0]}
 
 
-def learner_section(quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
+def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     from agents.efficientzero import learner
 
     agent = build_member("cartpole")
-    agent.train(400 if quick else 1500)
+    agent.train(warm if warm is not None else 400 if quick else 1500)
     torch.set_num_threads(1)
     compiled = compile_now(agent) if "compiled" in arms else {}
     n = 20 if quick else 50
@@ -163,7 +180,8 @@ def learner_section(quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
 
     def work() -> None:
         name = "baseline" if learner.current_path() == "baseline" else (
-            "compiled" if agent.task["compile"] == "on" else "bf16" if agent.task["autocast"] == "bf16" else "fast")
+            "compiled" if agent.task["compile"] == "on" else "bf16" if agent.task["autocast"] == "bf16"
+            else "denormals" if os.environ.get(DENORMALS_ENV) == "keep" else "fast")
         part = parts[name]
         for _ in range(n):
             t0 = time.process_time()
@@ -183,11 +201,11 @@ def learner_section(quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def member_section(name: str, quick: bool, arms: tuple[str, ...]) -> dict[str, Any]:
+def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     agent = build_member(name)
     # (warm-up steps beyond min_replay, window steps --quick, window steps)
     steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400)}[name]
-    warm = int(agent.task["min_replay"]) + steps[0]
+    warm = max(warm if warm is not None else 0, int(agent.task["min_replay"]) + steps[0])
     agent.train(warm)  # past min_replay: every window learns
     compiled = compile_now(agent) if "compiled" in arms else {}
     window = steps[1] if quick else steps[2]
@@ -236,6 +254,8 @@ def allocator_ab(args: argparse.Namespace) -> dict[str, Any]:
                        *(["--quick"] if args.quick else [])]
                 if args.cache_dir:
                     cmd += ["--cache-dir", args.cache_dir]
+                if args.warm is not None:
+                    cmd += ["--warm", str(args.warm)]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
                 env.pop("EVO_ALLOCATOR", None)  # the child's --allocator decides, not this shell's opt-out
                 subprocess.run(cmd, cwd=ROOT, env=env, check=True)
@@ -269,6 +289,8 @@ def main() -> None:
                         help="glibc malloc as it is, freed memory kept (evo/allocator.py), or both in child processes")
     parser.add_argument("--rounds", type=int, default=2, help="--allocator ab: default/keep process pairs")
     parser.add_argument("--device", default="cpu", help="where members' networks live: cpu, cuda, cuda:N")
+    parser.add_argument("--warm", type=int, default=None, help="env steps each member trains before the windows "
+                        "(default: the learner 1,500, 400 --quick; members past min_replay + 100-150)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     global DEVICE
@@ -296,23 +318,24 @@ def main() -> None:
                            "python": platform.python_version(), "device": DEVICE,
                            "device_name": device_name(DEVICE),
                            "cpu_description": (cpu := cpu_description()), "cpu": cpu["model"], "cpus": os.cpu_count(),
+                           "warm": args.warm,
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()
     for section in sections:
         if section == "learner":
-            out["learner"] = learner_section(args.quick, arms)
+            out["learner"] = learner_section(args.quick, arms, args.warm)
         elif section == "mainjob":
             out["mainjob"] = main_job_section(args.quick, args.generations)
         elif section in EXPERIMENTS:
             try:
-                out[section] = member_section(section, args.quick, arms)
+                out[section] = member_section(section, args.quick, arms, args.warm)
             except ImportError as err:  # MinAtar not installed: say so, measure the rest
                 out[section] = {"skipped": str(err)}
         else:
             raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar, mainjob")
         summary = {k: v for k, v in out[section].items()
                    if k.startswith(("ratio_median_cpu", "ratio_on"))
-                   or (k.startswith(("ratio_compiled", "ratio_bf16")) and "median_cpu" in k)
+                   or (k.startswith(("ratio_compiled", "ratio_bf16", "ratio_flush")) and "median_cpu" in k)
                    or k in ("skipped", "compile_seconds", "cache_files_before")}
         print(section, json.dumps(summary), flush=True)
     out["loadavg_end"] = list(os.getloadavg())
