@@ -5,16 +5,17 @@ operation on one through a microcode assist that costs on the order of a hundred
 normal operand costs a few. An EfficientZero CartPole member's backward pass starts to produce such
 values a few thousand env steps into training (9 of an update's 105 matrix products returned ~7,000
 of them), and from then on its updates ran ~2.3x slower on this project's Intel Xeon (AMX) machine;
-measured in docs/efficientzero.md "Denormals". The benchmark windows recorded earlier on an AMD EPYC
+measured in docs/efficientzero.md ("Denormals flushed to zero"). The benchmark windows recorded earlier on an AMD EPYC
 show no such decline.
 
 `flush_denormals()` sets the calling thread's FTZ and DAZ bits through `torch.set_flush_denormal`:
-results below the normal range become 0, and such inputs read as 0. This is TensorFlow's default on
-CPUs; PyTorch leaves it to the user. Values this small are below a float32's resolution next to any
-normal value they are added to, so learning does not see the difference (the golden run's decisions
-are unchanged, tests/test_golden.py). The bits are per thread and a thread created later inherits
-them, so the call is made where a member's work runs: `evo.scheduler.base.train_and_evaluate` (both
-schedulers), the fused trainer, and EfficientZero's `train` / `evaluate` (a member built by hand).
+results below the normal range become 0, and such inputs read as 0. TensorFlow does the same on its
+CPU threads; PyTorch leaves it to the user. Summed with values of a network's usual scale, numbers
+this small vanish below a float32's resolution anyway: one update late in a CartPole member's
+training was bitwise equal with and without flushing, and tests/test_golden.py still matches its
+recording. The bits are per thread (a thread created later inherits them), so the call is made where
+a member's work runs: `evo.scheduler.base.train_and_evaluate` (both schedulers), the fused trainer,
+and EfficientZero's `train` / `evaluate` (a member built by hand).
 
 Set `EVO_DENORMALS=keep` to keep denormals (a benchmark's arm measuring the old behaviour does):
 the call then clears the bits instead.

@@ -4,6 +4,7 @@ them cleared first, and pytest's own thread is left as it was."""
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 from collections.abc import Callable
@@ -99,3 +100,21 @@ def test_an_efficientzero_member_trains_with_denormals_flushed(monkeypatch: pyte
         return denormal_product()
 
     assert on_a_new_thread(train_then_probe) == 0.0
+
+
+def test_the_speed_benchmark_keeps_denormals_only_on_its_baseline_and_denormals_arms(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.efficientzero_speed import arm
+
+    monkeypatch.delenv(ENV, raising=False)
+    agent = SimpleNamespace(task={"compile": "off", "autocast": "off"})
+
+    def inside(name: str) -> tuple[str | None, float]:
+        with arm(agent, name):
+            return os.environ.get(ENV), denormal_product()
+
+    for name, kept in (("baseline", True), ("fast", False), ("denormals", True), ("bf16", False)):
+        env, value = on_a_new_thread(lambda name=name: inside(name))
+        assert (env == "keep") is kept and (value > 0.0) is kept, name
+    assert ENV not in os.environ and agent.task == {"compile": "off", "autocast": "off"}
