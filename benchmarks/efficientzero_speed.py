@@ -113,7 +113,10 @@ def arm(agent: Any, name: str) -> Iterator[None]:
             yield
     finally:
         agent.task["compile"], agent.task["autocast"], env = old
-        os.environ.pop(DENORMALS_ENV, None) if env is None else os.environ.update({DENORMALS_ENV: env})
+        if env is None:
+            os.environ.pop(DENORMALS_ENV, None)
+        else:
+            os.environ[DENORMALS_ENV] = env
         flush_denormals()
 
 

@@ -4,9 +4,9 @@ A float32 below 1.18e-38 in magnitude is *denormal* (subnormal). Intel CPUs hand
 operation on one through a microcode assist that costs on the order of a hundred cycles, where a
 normal operand costs a few. An EfficientZero CartPole member's backward pass starts to produce such
 values a few thousand env steps into training (9 of an update's 105 matrix products returned ~7,000
-of them), and from then on its updates ran ~2.3x slower on this project's Intel Xeon (AMX) machine;
-measured in docs/efficientzero.md ("Denormals flushed to zero"). The benchmark windows recorded earlier on an AMD EPYC
-show no such decline.
+of them), and from then on its updates ran about 2x slower on this project's Intel Xeon (AMX)
+machine; measured in docs/efficientzero.md ("Denormals flushed to zero"). The benchmark windows
+recorded earlier on an AMD EPYC show no such decline.
 
 `flush_denormals()` sets the calling thread's FTZ and DAZ bits through `torch.set_flush_denormal`:
 results below the normal range become 0, and such inputs read as 0. TensorFlow does the same on its
