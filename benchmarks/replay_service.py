@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     cpus = os.cpu_count() or 1
     # one logical CPU per client even where the machine has fewer cores (recorded in `cpus`)
-    ray.init(num_cpus=max(cpus, max(CLIENTS)), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=max(cpus, max(CLIENTS)), include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=512 * 1024**2)
     res: dict = {"quick": args.quick, "python": platform.python_version(), "numpy": np.__version__,
                  "ray": ray.__version__, "cpus": cpus, "batch": BATCH, "chunk": CHUNK, "capacity": CAPACITY,

@@ -119,7 +119,7 @@ def toy_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ray_cluster():
     """A local 2-CPU Ray for one test module (starting Ray costs seconds: share it), shut down after."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False,
              configure_logging=False)
     yield ray
     ray.shutdown()

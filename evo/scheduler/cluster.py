@@ -50,7 +50,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     inherited = {OWNER_ENV: tag, "PYTHONPATH": pythonpath}  # the tag: every process the local cluster starts
     with environ_restored(inherited):
         os.environ.update(inherited)
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+        # address="local": a new cluster even where `ray start` (or another cluster) left its address in
+        # /tmp/ray/ray_current_cluster, which a plain ray.init() would join, refusing num_cpus
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                  object_store_memory=256 * 1024**2, log_to_driver=False)
     _started_local["tag"] = tag
 
