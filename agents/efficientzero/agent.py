@@ -34,12 +34,11 @@ from agents.efficientzero.mcts import SEARCH_KINDS
 from agents.efficientzero.model import build_model
 from agents.efficientzero.selfplay import SelfPlay, replay_schema
 from evo.agent import AgentContext, Evaluation, TorchAgent
-from evo.allocator import keep_freed_memory
-from evo.denormals import flush_denormals
 from evo.evolvable import ACTIVATIONS, load_optimizer_state, optimizer_state, remap_optimizer
 from evo.hparams import HParam
 from evo.records import MutationRecord
 from evo.replay import Replay, ReplaySpec, build_replay
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["EfficientZeroAgent", "replay_schema"]
 
@@ -304,9 +303,7 @@ class EfficientZeroAgent(TorchAgent):
 
     # ---- training and evaluation ------------------------------------------------------------
     def train(self, steps: int) -> dict[str, float]:
-        torch.set_num_threads(1)
-        keep_freed_memory()  # once per process; a member built outside a scheduler gets it too
-        flush_denormals()  # this thread: denormals slow Intel CPUs' backward passes ~2x (evo/denormals.py)
+        prepare_training_thread(1)  # as a scheduler does; a member built by hand gets it too
         learned: dict[str, list[float]] = {}
         compiled0 = learner.compile_stats()["compile_seconds"]
         t0 = time.perf_counter()
@@ -352,8 +349,7 @@ class EfficientZeroAgent(TorchAgent):
         """`eval_episodes` greedy episodes of at most `eval_max_steps` steps. What evaluating costs is
         reported beside the fitness: `eval_seconds` and `eval_seconds_share`, its share of this
         member's last train + evaluate time."""
-        torch.set_num_threads(1)
-        flush_denormals()
+        prepare_training_thread(1)
         t0 = time.perf_counter()
         metrics = self.selfplay.evaluate(self.model, self.hparams, self.context.seed)
         seconds = time.perf_counter() - t0

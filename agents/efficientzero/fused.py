@@ -40,6 +40,7 @@ from evo.agent import Evaluation
 from evo.evolvable import load_optimizer_state, optimizer_state
 from evo.faults import Diverged
 from evo.fused import FusedGroup, StackedModules, architecture_key, batchnorm_modules, call_method, stack_batches
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["FusedEfficientZero", "StackedSearchModel", "search_members"]
 
@@ -223,7 +224,7 @@ class FusedEfficientZero:
     # ---- training -----------------------------------------------------------------------------
     def train(self, agents: Sequence[Any], steps: int) -> list[dict[str, float] | BaseException]:
         """Each member's `train(steps)`, fused; per member its metrics, or the exception that stopped it."""
-        torch.set_num_threads(1)  # as a member's own train(): tiny ops stall with 2 threads on small machines
+        prepare_training_thread(1)  # as a member's own train()
         t0 = time.perf_counter()
         group = self._group(agents)
         M = len(agents)
@@ -324,7 +325,7 @@ class FusedEfficientZero:
     def evaluate(self, agents: Sequence[Any]) -> list[Evaluation]:
         """Each member's `evaluate()`, with all members' searches fused; `eval_seconds` (and its share
         `eval_seconds_share`) is the group's evaluation wall time, as `train_seconds` is its training's."""
-        torch.set_num_threads(1)
+        prepare_training_thread(1)
         t0 = time.perf_counter()
         group = self._group(agents)
         M = len(agents)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from evo.agent import Agent, Evaluation
-from evo.denormals import flush_denormals
 from evo.faults import Diverged, describe_exception
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["FusedTrainer", "fused_trainer_for", "attempt_fused"]
 
@@ -61,7 +61,7 @@ def attempt_fused(trainer: FusedTrainer, members: Sequence[Agent], steps: int,
     train and evaluate fused; a member alone in its group goes through `attempt_one`."""
     from evo.scheduler.base import check_trained
 
-    flush_denormals()  # as train_and_evaluate does for a member alone (evo/denormals.py)
+    prepare_training_thread(threads=None)  # as train_and_evaluate does for a member alone
     groups: dict[str, list[int]] = {}
     alone: list[int] = []
     for pos, agent in enumerate(members):

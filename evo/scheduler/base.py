@@ -22,13 +22,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from evo.agent import Agent, AgentContext, Evaluation
-from evo.denormals import flush_denormals
 from evo.faults import Diverged, Failure, describe_exception
 from evo.inference import search_at_evaluation
 from evo.observer import RunObserver
 from evo.replay.protocol import Replay, ReplaySpec
 from evo.replay.staging import ViewBasis
 from evo.replay.view import LineState, MemberView
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["Scheduler", "MemberResult", "MemberFailed", "train_and_evaluate", "attempt_member", "done_event",
            "member_context", "failed_result", "steps_of_members", "dispatch_order"]
@@ -89,7 +89,7 @@ def train_and_evaluate(agent: Agent, steps: int, on_evaluate: Callable[[], None]
     (train metrics, evaluation, wall seconds), the evaluation None with `evaluate=False`. Raises
     `Diverged` when a loss metric, a parameter or the fitness is not finite."""
     start = time.perf_counter()
-    flush_denormals()  # on the thread that trains: denormal floats cost ~100 cycles each on Intel CPUs
+    prepare_training_thread(threads=None)  # on the thread that trains; the agent chooses its threads
     metrics: dict[str, float] = {}
     if steps > 0:  # 0: a resting member (selection.rest_elite) is evaluated as it is
         metrics = dict(agent.train(steps) or {})

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from evo.agent import Agent, AgentContext, clone_tree
-from evo.allocator import keep_freed_memory
 from evo.faults import Failure, ResourceRequestError
 from evo.fused.run import attempt_fused
 from evo.observer import RunObserver
@@ -30,6 +29,7 @@ from evo.scheduler.base import (
     member_view,
     steps_of_members,
 )
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["InlineScheduler", "inline_device"]
 
@@ -58,13 +58,8 @@ class InlineScheduler:
         train and evaluate as one program (docs/fused.md)."""
         self.context = context
         self.fused = fused
-        keep_freed_memory()  # members train in this process: no page faults per update (evo/allocator.py)
-        if threads:
-            import torch
-
-            # like the Ray workers: on small machines 2+ intra-op threads stall tight training loops
-            # (ILQL measured ~10x slower with 2 threads on 2 cores)
-            torch.set_num_threads(threads)
+        # members train on this thread, as on a Ray worker: threads, allocator, denormals (evo/training_thread.py)
+        prepare_training_thread(threads or None)
 
     @staticmethod
     def build_replay(spec: ReplaySpec, seed: int) -> Replay:

@@ -45,7 +45,6 @@ import numpy as np
 
 from evo import interrupts
 from evo.agent import Agent, AgentContext
-from evo.allocator import keep_freed_memory
 from evo.faults import Failure
 from evo.fused.remote import FusedJobs
 from evo.observer import RunObserver
@@ -63,6 +62,7 @@ from evo.scheduler.base import (
     steps_of_members,
 )
 from evo.scheduler.cluster import init_ray
+from evo.training_thread import prepare_training_thread
 
 __all__ = ["RayScheduler", "init_ray", "PLACEMENTS", "to_cpu"]
 
@@ -116,8 +116,7 @@ class _MemberWorker:
         import torch
 
         start = time.perf_counter()
-        keep_freed_memory()  # no page faults per update in the worker (evo/allocator.py)
-        torch.set_num_threads(max(1, threads))
+        prepare_training_thread(threads)  # threads, allocator, denormals (evo/training_thread.py)
         self.cls = agent_class
         gpu_ids = [str(i) for i in ray.get_gpu_ids()]
         device = member_device(gpu_ids, torch.cuda.is_available(), context.device)
