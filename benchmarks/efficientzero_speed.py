@@ -59,7 +59,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,17 +120,18 @@ def arm(agent: Any, name: str) -> Iterator[None]:
         flush_denormals()
 
 
-def alternate(agent: Any, work: Any, units: float, rounds: int, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+def alternate(agent: Any, work: Callable[[str], None], units: float, rounds: int,
+              arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     """`rounds` rounds of one window per arm, in the order of `arms` and then reversed (baseline,
-    fast, compiled, compiled, fast, baseline, ...); `work()` does `units` of work (updates, env
-    steps) on the current arm."""
+    fast, compiled, compiled, fast, baseline, ...); `work(arm)` does `units` of work (updates, env
+    steps) on that arm, already set up."""
     windows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     for r in range(rounds):
         for name in (arms if r % 2 == 0 else arms[::-1]):
             with arm(agent, name):
                 load = os.getloadavg()[0]
                 w0, c0 = time.perf_counter(), time.process_time()
-                work()
+                work(name)
                 wait_for(DEVICE)
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             windows[name].append({"wall_s": wall, "cpu_s": cpu, "load1": load,
@@ -181,10 +182,7 @@ def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None)
     n = 20 if quick else 50
     parts = {a: [0.0, 0.0] for a in arms}
 
-    def work() -> None:
-        name = "baseline" if learner.current_path() == "baseline" else (
-            "compiled" if agent.task["compile"] == "on" else "bf16" if agent.task["autocast"] == "bf16"
-            else "denormals" if os.environ.get(DENORMALS_ENV) == "keep" else "fast")
+    def work(name: str) -> None:
         part = parts[name]
         for _ in range(n):
             t0 = time.process_time()
@@ -213,7 +211,7 @@ def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | No
     compiled = compile_now(agent) if "compiled" in arms else {}
     window = steps[1] if quick else steps[2]
     return {"steps_per_window": window, "warm_steps": warm,
-            **alternate(agent, lambda: agent.train(window), window, 2 if quick else 4, arms), **compiled}
+            **alternate(agent, lambda _arm: agent.train(window), window, 2 if quick else 4, arms), **compiled}
 
 
 def main_job_section(quick: bool, generations: int | None = None) -> dict[str, Any]:
