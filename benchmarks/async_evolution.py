@@ -159,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (600 if args.agent == "ratio_toy" else 320)
     if args.quick:
         args.generations, args.repeats, steps = 3, 1, min(steps, 200)
+    from benchmarks.hpo.common import machine
     from evo.scheduler.cluster import init_ray
 
+    host = machine()  # before the runs, so its load average is the one at the start
     init_ray(None)
     runs = []
     for seed in range(args.repeats):
@@ -179,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     # ratio compares the modes at equal member time
     normalised = [(1 + a["idle_with_tail_fraction"]) / (1 + s["idle_with_tail_fraction"])
                   for s, a in zip(runs[::2], runs[1::2])]
-    from benchmarks.hpo.common import machine
-
-    summary = {"machine": machine(), "agent": args.agent, "clone_behind": not args.no_clone_behind, "initial": args.initial,
+    summary = {"machine": host, "agent": args.agent, "clone_behind": not args.no_clone_behind, "initial": args.initial,
                "size": args.size,
                "generations": args.generations, "steps": steps,
                "workers": args.workers, "repeats": args.repeats,
