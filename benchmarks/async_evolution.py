@@ -89,13 +89,14 @@ def idle_stats(spans: list[tuple[int, float, float]]) -> dict[str, float]:
 
 
 def _experiment(agent: str, mode: str, size: int, generations: int, steps: int, workers: int, seed: int,
-                clone_behind: bool = True, initial: str = "sample") -> dict:
+                clone_behind: bool = True, initial: str = "sample", founder_lines: int = 0) -> dict:
     if agent == "ratio_toy":
         data = {"name": f"bench-{mode}", "seed": seed, "backend": "ray",
                 "population": {"size": size, "generations": generations, "steps_per_generation": steps,
                                "initial": initial, "mode": mode},
                 "agent": {"kind": RatioToy.kind, "task": {"n_train": 512, "n_val": 256}},
-                "selection": {"tournament_size": 2, "elitism": True, "clone_behind": clone_behind},
+                "selection": {"tournament_size": 2, "elitism": True, "clone_behind": clone_behind,
+                              "founder_lines": founder_lines},
                 "mutation": {"no_mutation": 0.4, "architecture": 0.0, "parameters": 0.2, "rl_hp": 0.4},
                 "resources": {"num_workers": workers, "cpus_per_member": 1}}
     else:
@@ -108,17 +109,19 @@ def _experiment(agent: str, mode: str, size: int, generations: int, steps: int, 
                                    "initial": initial, "mode": mode})
         data.setdefault("resources", {}).update({"num_workers": workers, "cpus_per_member": 1})
         # the plain tournament the committed results used (the file turned keep_unbeaten on after them)
-        data.setdefault("selection", {}).update({"clone_behind": clone_behind, "keep_unbeaten": False})
+        data.setdefault("selection", {}).update({"clone_behind": clone_behind, "keep_unbeaten": False,
+                                                 "founder_lines": founder_lines})
     return data
 
 
 def run_once(agent: str, mode: str, size: int, generations: int, steps: int, workers: int, seed: int,
-             runs_dir: Path, clone_behind: bool = True, initial: str = "sample") -> dict[str, Any]:
+             runs_dir: Path, clone_behind: bool = True, initial: str = "sample",
+             founder_lines: int = 0) -> dict[str, Any]:
     from evo.population import evolve, start_backend
     from evo.runstore import RunStore
     from evo.spec import parse_experiment
 
-    data = _experiment(agent, mode, size, generations, steps, workers, seed, clone_behind, initial)
+    data = _experiment(agent, mode, size, generations, steps, workers, seed, clone_behind, initial, founder_lines)
     exp = parse_experiment(data, f"<{agent} {mode}>")
     name = f"{agent}-{mode}-{seed}-{time.time_ns()}"
     store = RunStore.create(runs_dir, name, json.dumps(data), exp.to_json())
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--initial", choices=["sample", "scratch"], default="sample",
                    help="founders: member 0 from the file, the rest drawn from the ranges ('sample'), or every "
                         "founder drawn ('scratch', HPO from scratch, where members' costs differ most)")
+    p.add_argument("--founder-lines", type=int, default=0,
+                   help="selection.founder_lines in both modes: founders' lines kept alive, so members keep "
+                        "different costs (evo-async's setting in benchmarks.hpo is 2)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     steps = args.steps or (600 if args.agent == "ratio_toy" else 320)
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.repeats):
         for mode in ("sync", "async"):
             r = run_once(args.agent, mode, args.size, args.generations, steps, args.workers, seed, Path(args.runs_dir),
-                         clone_behind=not args.no_clone_behind, initial=args.initial)
+                         clone_behind=not args.no_clone_behind, initial=args.initial,
+                         founder_lines=args.founder_lines)
             print(json.dumps(r), flush=True)
             runs.append(r)
 
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     normalised = [(1 + a["idle_with_tail_fraction"]) / (1 + s["idle_with_tail_fraction"])
                   for s, a in zip(runs[::2], runs[1::2])]
     summary = {"machine": host, "agent": args.agent, "clone_behind": not args.no_clone_behind, "initial": args.initial,
-               "size": args.size,
+               "founder_lines": args.founder_lines, "size": args.size,
                "generations": args.generations, "steps": steps,
                "workers": args.workers, "repeats": args.repeats,
                "sync_idle_fraction": med("sync", "idle_fraction"), "async_idle_fraction": med("async", "idle_fraction"),

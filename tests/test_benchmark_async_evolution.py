@@ -37,3 +37,10 @@ def test_experiment_takes_the_founders_regime(agent: str, initial: str) -> None:
     assert exp.population.initial == initial
     assert exp.population.mode == "async"
     assert (exp.population.size, exp.population.generations, exp.population.steps_per_generation) == (2, 3, 100)
+
+
+def test_experiment_keeps_founder_lines_in_both_modes() -> None:
+    for mode in ("sync", "async"):
+        data = _experiment("efficientzero", mode, size=4, generations=2, steps=100, workers=2, seed=0,
+                           initial="scratch", founder_lines=2)
+        assert parse_experiment(data, "<test>").selection.founder_lines == 2
