@@ -24,6 +24,8 @@ other processes falls on all alike:
 * cartpole: `agent.train(steps)` of the CartPole experiment's member (self-play, search and its
   updates): env steps per second;
 * minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member;
+* minatar_suite (not in the default `--only`): the same for the suite's Breakout file
+  (experiments/suite/minatar_breakout.toml: batch 128, 8 simulations), the member the suite's hours go to;
 * mainjob (not in the default `--only`): the main job end to end, `evo run
   experiments/cartpole_efficientzero.toml` (Ray, 4 members; `--quick`: 3 generations of the file's 6,
   `--generations N`: N)
@@ -72,7 +74,9 @@ from evo.denormals import flush_denormals
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
-               "minatar": "experiments/minatar_breakout_efficientzero.toml"}
+               "minatar": "experiments/minatar_breakout_efficientzero.toml",
+               # the suite's Breakout member (batch 128 since the fifty-first session): what the suite's hours are made of
+               "minatar_suite": "experiments/suite/minatar_breakout.toml"}
 
 
 def build_member(name: str, seed: int = 0) -> Any:
@@ -205,7 +209,7 @@ def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None)
 def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     agent = build_member(name)
     # (warm-up steps beyond min_replay, window steps --quick, window steps)
-    steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400)}[name]
+    steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400), "minatar_suite": (100, 150, 400)}[name]
     warm = max(warm if warm is not None else 0, int(agent.task["min_replay"]) + steps[0])
     agent.train(warm)  # past min_replay: every window learns
     compiled = compile_now(agent) if "compiled" in arms else {}
@@ -333,7 +337,7 @@ def main() -> None:
             except ImportError as err:  # MinAtar not installed: say so, measure the rest
                 out[section] = {"skipped": str(err)}
         else:
-            raise SystemExit(f"--only: unknown section {section!r}; expected learner, cartpole, minatar, mainjob")
+            raise SystemExit(f"--only: unknown section {section!r}; expected learner, {', '.join(EXPERIMENTS)}, mainjob")
         summary = {k: v for k, v in out[section].items()
                    if k.startswith(("ratio_median_cpu", "ratio_on"))
                    or (k.startswith(("ratio_compiled", "ratio_bf16", "ratio_flush")) and "median_cpu" in k)
