@@ -69,10 +69,13 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def experiment_difference(task: str, text_then: str, overrides: dict[str, Any]) -> list[str]:
     """The dotted keys whose values differ between `text_then` with `overrides` and the task's file now
     ("key: then -> now"); empty when the two parse to the same experiment."""
-    from evo.spec import parse_experiment
+    from evo.spec import SpecError, parse_experiment
 
     path = suite.TASKS[task]["file"]
-    then = parse_experiment(tomllib.loads(text_then), f"{path} (then)", overrides).to_json()
+    try:
+        then = parse_experiment(tomllib.loads(text_then), f"{path} (then)", overrides).to_json()
+    except (SpecError, tomllib.TOMLDecodeError) as exc:  # the file then, or its overrides, no longer parse today
+        raise AdoptError(f"{path} as it was, with --set {json.dumps(overrides)}, does not parse today: {exc}") from None
     now = parse_experiment(tomllib.loads((suite.ROOT / path).read_text()), path).to_json()
     a, b = _flatten(then), _flatten(now)
     return [f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
@@ -153,6 +156,13 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
     return lines
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise AdoptError(f"{path}: cannot read it as JSON ({exc})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ablations", nargs="+", help="benchmarks.suite --json files made with --set")
@@ -162,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
     args = parser.parse_args(argv)
     out = Path(args.json)
-    results = json.loads(out.read_text())
     try:
+        results = read_json(out)
         for path in args.ablations:
-            ablation = json.loads(Path(path).read_text())
+            ablation = read_json(Path(path))
             resolved = Path(path).resolve()
             source = str(resolved.relative_to(suite.ROOT)) if resolved.is_relative_to(suite.ROOT) else path
             for line in adopt(results, ablation, source, args.label, args.why):
@@ -173,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except AdoptError as exc:
         print(f"suite_adopt: {exc}", file=sys.stderr)
         return 2
-    tasks = sorted({t for path in args.ablations for t in json.loads(Path(path).read_text()).get("tasks", {})})
+    tasks = sorted({t for path in args.ablations for t in read_json(Path(path)).get("tasks", {})})
     for task in tasks:
         v = results["tasks"][task]["verdict"]
         print(f"{task}: finals {v['finals']}, x random {v.get('x_random')}, met {v.get('met')}")

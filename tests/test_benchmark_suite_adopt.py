@@ -164,3 +164,16 @@ def test_the_command_line_checks_writes_and_refuses(tmp_path, monkeypatch, capsy
     assert suite_adopt.main(argv) == 2
     assert "agent.hparams.batch_size.value: 64 -> 128" in capsys.readouterr().err
     assert json.loads(out.read_text())["tasks"][TASK] == written
+
+
+def test_unreadable_input_and_a_file_that_no_longer_parses_are_clear_errors(tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "suite.json"
+    out.write_text(json.dumps(suite_results()))
+    assert suite_adopt.main(["--json", str(out), "--label", "x", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: cannot read it as JSON" in capsys.readouterr().err
+    monkeypatch.setattr(suite_adopt, "file_at", lambda commit, path: FILE_THEN.replace("[population]", "[populaton]"))
+    abl = tmp_path / "abl.json"
+    abl.write_text(json.dumps(ablation(run(1, 6.0))))
+    assert suite_adopt.main(["--json", str(out), "--label", "x", str(abl)]) == 2
+    assert "does not parse today" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == suite_results()
