@@ -3,6 +3,7 @@
 close to the float32 one; bad settings are refused with the key named."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -115,3 +116,25 @@ def test_a_fused_group_says_it_does_not_autocast():
     trainer = FusedEfficientZero()
     with pytest.warns(UserWarning, match="task.autocast applies to members trained one by one"):
         trainer._group(members)
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_once(member, monkeypatch):
+    """Without AVX-512 BF16 or AMX, oneDNN emulates bf16: the conv member's updates get slower, not faster."""
+    batch = learner.sample_batch(member.replay, member.target_model, member.hparams, member.rng)
+
+    def update():
+        member.updates += 1
+        learner.update(member.model, member.target_model, member.optimizer, member.replay, batch, member.hparams,
+                       member.updates, autocast="bf16")
+
+    monkeypatch.setattr(learner, "_warned_no_bf16_kernels", False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert not learner.cpu_has_bf16_kernels()
+    with pytest.warns(UserWarning, match="without bf16 instructions"):
+        update()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        update()  # once per process
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert learner.cpu_has_bf16_kernels()  # AMX alone is enough
