@@ -397,7 +397,17 @@ COMPILE_MODES = ("off", "on")
 #: It pays for conv members on a CPU with bf16 kernels (avx512_bf16 or AMX) and slows small MLP
 #: members (docs/efficientzero.md "bf16").
 AUTOCAST_MODES = ("off", "bf16")
-_warned_no_bf16_kernels = False
+#: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
+#: cache); a member of any further architecture trains eagerly
+MAX_COMPILED_GRAPHS = 8
+_compiled: dict[str, Any] = {"fn": None, "graphs": {}, "failed": set()}
+#: the user's own TORCHINDUCTOR_CACHE_DIR, read at import (torch writes its /tmp default into the
+#: variable the first time any of its code asks, so later the variable no longer says who chose it)
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+#: whether this process has asked `cpu_has_bf16_kernels` yet (asked once, at its first bf16 update)
+_bf16_kernels_checked = False
 
 
 def cpu_has_bf16_kernels() -> bool:
@@ -410,19 +420,15 @@ def cpu_has_bf16_kernels() -> bool:
 
 
 def _warn_if_bf16_is_emulated(device: torch.device) -> None:
-    global _warned_no_bf16_kernels
-    if device.type == "cpu" and not _warned_no_bf16_kernels and not cpu_has_bf16_kernels():
-        _warned_no_bf16_kernels = True
+    """At a process's first bf16 update on a CPU: warn when that CPU emulates bf16 (the CPU does not change)."""
+    global _bf16_kernels_checked
+    if device.type != "cpu" or _bf16_kernels_checked:
+        return
+    _bf16_kernels_checked = True
+    if not cpu_has_bf16_kernels():
         warnings.warn("task.autocast = 'bf16' on a CPU without bf16 instructions (no AVX-512 BF16, no AMX): its "
                       "convolutions are emulated, 2-15x slower than float32 where measured; set autocast = 'off' "
                       "here", UserWarning, stacklevel=3)
-#: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
-#: cache); a member of any further architecture trains eagerly
-MAX_COMPILED_GRAPHS = 8
-_compiled: dict[str, Any] = {"fn": None, "graphs": {}, "failed": set()}
-#: the user's own TORCHINDUCTOR_CACHE_DIR, read at import (torch writes its /tmp default into the
-#: variable the first time any of its code asks, so later the variable no longer says who chose it)
-_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 
 
 def compile_cache_dir() -> str:

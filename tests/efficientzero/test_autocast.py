@@ -127,7 +127,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_once(member, monkeypatch)
         learner.update(member.model, member.target_model, member.optimizer, member.replay, batch, member.hparams,
                        member.updates, autocast="bf16")
 
-    monkeypatch.setattr(learner, "_warned_no_bf16_kernels", False)
+    monkeypatch.setattr(learner, "_bf16_kernels_checked", False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     assert not learner.cpu_has_bf16_kernels()
