@@ -172,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="check and report; write nothing")
     args = parser.parse_args(argv)
     out = Path(args.json)
+    tasks: set[str] = set()
     try:
         results = read_json(out)
         for path in args.ablations:
             ablation = read_json(Path(path))
+            tasks.update(ablation.get("tasks", {}))
             resolved = Path(path).resolve()
             source = str(resolved.relative_to(suite.ROOT)) if resolved.is_relative_to(suite.ROOT) else path
             for line in adopt(results, ablation, source, args.label, args.why):
@@ -183,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except AdoptError as exc:
         print(f"suite_adopt: {exc}", file=sys.stderr)
         return 2
-    tasks = sorted({t for path in args.ablations for t in read_json(Path(path)).get("tasks", {})})
-    for task in tasks:
+    for task in sorted(tasks):
         v = results["tasks"][task]["verdict"]
         print(f"{task}: finals {v['finals']}, x random {v.get('x_random')}, met {v.get('met')}")
     if args.dry_run:
