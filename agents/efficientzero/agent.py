@@ -62,8 +62,8 @@ TASK_DEFAULTS: dict[str, Any] = {
     # torch.compile of the learner's loss and backward: "off" or "on" (learner.compiled_loss; the
     # compiled graphs are cached on disk for every process of the machine; docs/efficientzero.md "Compile")
     "compile": "off",
-    # bfloat16 autocast of the learner's forward and backward: "off" or "bf16" (learner.AUTOCAST_MODES;
-    # for conv members on CPUs with bf16 kernels; docs/efficientzero.md "bf16")
+    # bfloat16 autocast of the learner's forward and backward: "off", "bf16", or "auto" (bf16 for conv
+    # members on CPUs with bf16 kernels, else off: learner.effective_autocast; docs/efficientzero.md "bf16")
     "autocast": "off",
 }
 
@@ -205,7 +205,7 @@ class EfficientZeroAgent(TorchAgent):
             raise ValueError(f"task.dtype: expected one of {sorted(DTYPES)}, found {out['dtype']!r}")
         if out["autocast"] not in learner.AUTOCAST_MODES:
             raise ValueError(f"task.autocast: expected one of {list(learner.AUTOCAST_MODES)}, found {out['autocast']!r}")
-        if out["autocast"] != "off" and (out["compile"] != "off" or out["dtype"] != "float32"):
+        if out["autocast"] == "bf16" and (out["compile"] != "off" or out["dtype"] != "float32"):
             raise ValueError(f"task.autocast: {out['autocast']!r} needs compile = 'off' and dtype = 'float32', "
                              f"found compile = {out['compile']!r}, dtype = {out['dtype']!r}")
         if is_atari(out["env_id"]):

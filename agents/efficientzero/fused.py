@@ -157,7 +157,8 @@ class FusedEfficientZero:
         key = self.group_key(agents[0])
         if key is None or any(self.group_key(a) != key for a in agents):
             raise ValueError("FusedEfficientZero: a group's members must share one architecture key")
-        if not self._warned_autocast and any(a.task.get("autocast", "off") != "off" for a in agents):
+        if not self._warned_autocast and any(learner.effective_autocast(a.task.get("autocast", "off"), a.model) != "off"
+                                             for a in agents):
             warnings.warn("fused training: task.autocast applies to members trained one by one; a fused group "
                           "trains in the networks' own dtype", stacklevel=2)
             self._warned_autocast = True

@@ -49,7 +49,7 @@ from torch.func import functional_call
 
 from agents.efficientzero import flat as flat_graphs
 from agents.efficientzero.mcts import BatchedMCTS, MCTSConfig, model_device
-from agents.efficientzero.model import StackedUnroll, Unroll
+from agents.efficientzero.model import EfficientZeroConv, StackedUnroll, Unroll
 from agents.efficientzero.support import scalar_to_support, support_to_scalar
 from agents.efficientzero.targets import bootstrap_rows, nstep_value_targets, value_prefix_targets
 from evo.faults import check_finite
@@ -59,8 +59,8 @@ __all__ = ["PATHS", "set_path", "use_path", "current_path", "Batch", "LOSS_NAMES
            "LOSS_WEIGHTS", "ENTROPY_WEIGHT", "WEIGHT_NAMES", "reported_terms", "sample_batch", "sample_windows",
            "window_obs", "bootstrap_values",
            "batch_from_windows", "reanalyse_policy", "loss_terms", "fused_loss",
-           "update", "AUTOCAST_MODES", "COMPILE_MODES", "MAX_COMPILED_GRAPHS", "compile_cache_dir", "compiled_loss",
-           "compile_stats"]
+           "update", "AUTOCAST_MODES", "effective_autocast", "COMPILE_MODES", "MAX_COMPILED_GRAPHS",
+           "compile_cache_dir", "compiled_loss", "compile_stats"]
 
 #: the named loss terms `loss_terms` returns (besides `loss_total` and the detached `root_value`)
 LOSS_NAMES = ("loss_value", "loss_policy", "loss_value_prefix", "loss_consistency")
@@ -395,8 +395,8 @@ COMPILE_MODES = ("off", "on")
 #: (convolutions and matrix products in bf16, and on a CPU the norms and activations after them; the
 #: loss's softmaxes and cosines in float32: `_full`); targets, search, clipping and Adam stay float32.
 #: It pays for conv members on a CPU with bf16 kernels (avx512_bf16 or AMX) and slows small MLP
-#: members (docs/efficientzero.md "bf16").
-AUTOCAST_MODES = ("off", "bf16")
+#: members (docs/efficientzero.md "bf16"). "auto" is "bf16" exactly there (`effective_autocast`).
+AUTOCAST_MODES = ("off", "bf16", "auto")
 #: architectures one process compiles at most (each costs ~45 s cold, a few seconds from the disk
 #: cache); a member of any further architecture trains eagerly
 MAX_COMPILED_GRAPHS = 8
@@ -417,6 +417,29 @@ def cpu_has_bf16_kernels() -> bool:
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     known = [check for check in checks if check is not None]
     return not known or any(check() for check in known)  # a torch without the probes: assume it has them
+
+
+#: `cpu_has_bf16_kernels()` as "auto" first found it in this process (None: not asked yet)
+_auto_cpu_has_bf16: bool | None = None
+
+
+def effective_autocast(mode: str, model: torch.nn.Module, compile: bool = False) -> str:
+    """What `task.autocast = mode` runs `model`'s update in: "off" or "bf16". "auto" is "bf16" only where
+    bf16 was measured to pay: a conv member (`EfficientZeroConv`), on a CPU with bf16 kernels, eager and in
+    float32. Everywhere else it is "off": MLP members got slower (0.88-0.90x), an AMX Xeon gained nothing
+    (1.01x), an H200 lost (0.86x), and a CPU without bf16 instructions emulates it (0.07-0.47x).
+    docs/efficientzero.md, "bf16"."""
+    if mode != "auto":
+        return mode
+    global _auto_cpu_has_bf16
+    if compile or not isinstance(model, EfficientZeroConv):
+        return "off"
+    param = next(model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        return "off"
+    if _auto_cpu_has_bf16 is None:
+        _auto_cpu_has_bf16 = cpu_has_bf16_kernels()
+    return "bf16" if _auto_cpu_has_bf16 else "off"
 
 
 def _warn_if_bf16_is_emulated(device: torch.device) -> None:
@@ -553,12 +576,14 @@ def update(model: torch.nn.Module, target_model: torch.nn.Module, optimizer: tor
     parameters, gradient norm clipped at `grad_clip`; the target network copies the model every
     `target_update_interval` updates; the sampled windows get priorities |V(o_0) - z_0| + 1e-6.
     With `compile` (fast path only) the loss and its backward run through `compiled_loss`; with
-    `autocast` "bf16" (eager only) the loss's forward, and so its backward, run in bfloat16
-    (`AUTOCAST_MODES`). Returns the loss terms, `loss_total`, `grad_norm` and `target_value_mean`."""
+    `autocast` "bf16" (eager only) the loss's forward, and so its backward, run in bfloat16; "auto" is
+    "bf16" where that pays (`effective_autocast`). Returns the loss terms, `loss_total`, `grad_norm`
+    and `target_value_mean`."""
     if autocast not in AUTOCAST_MODES:
         raise ValueError(f"autocast: expected one of {list(AUTOCAST_MODES)}, found {autocast!r}")
-    if autocast != "off" and compile:
+    if autocast == "bf16" and compile:
         raise ValueError("autocast: 'bf16' runs the eager loss; it cannot be combined with compile")
+    autocast = effective_autocast(autocast, model, compile)
     if autocast != "off":
         _warn_if_bf16_is_emulated(model_device(model))
     set_training(model, True)

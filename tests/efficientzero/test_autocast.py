@@ -1,6 +1,7 @@
 """`task.autocast = "bf16"`: the learner's forward and backward run in bfloat16 where autocast says
 (convolutions, matrix products), the networks, targets and Adam stay float32, and an update lands
-close to the float32 one; bad settings are refused with the key named."""
+close to the float32 one; bad settings are refused with the key named. "auto" is bf16 for conv
+members on CPUs with bf16 kernels and off everywhere else."""
 
 import copy
 import warnings
@@ -138,3 +139,58 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns_once(member, monkeypatch)
         update()  # once per process
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
     assert learner.cpu_has_bf16_kernels()  # AMX alone is enough
+
+
+@pytest.mark.parametrize("has_kernels, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_is_bf16_for_a_conv_member_only_on_a_cpu_with_bf16_kernels(member, monkeypatch, has_kernels, expected):
+    monkeypatch.setattr(learner, "_auto_cpu_has_bf16", has_kernels)
+    monkeypatch.setitem(member.task, "autocast", "auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "auto" never picks emulated bf16, so never warns about it
+        assert _conv_output_dtypes(member.model, member.update) == {expected}
+    assert learner.effective_autocast("auto", member.model) == ("bf16" if has_kernels else "off")
+    assert learner.effective_autocast("auto", member.model, compile=True) == "off"
+
+
+def test_auto_asks_the_cpu_once_per_process(member, monkeypatch):
+    asked = []
+    monkeypatch.setattr(learner, "_auto_cpu_has_bf16", None)
+    monkeypatch.setattr(learner, "cpu_has_bf16_kernels", lambda: asked.append(1) or True)
+    for _ in range(3):
+        assert learner.effective_autocast("auto", member.model) == "bf16"
+    assert asked == [1]
+
+
+def test_auto_is_off_for_an_mlp_member_and_a_float64_one(monkeypatch):
+    from tests.efficientzero.test_agent import SMALL_ARCH
+
+    monkeypatch.setattr(learner, "_auto_cpu_has_bf16", True)
+    task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
+            "segment_length": 10, "autocast": "auto"}
+    mlp = make(seed=0, arch=SMALL_ARCH, task=task)
+    assert learner.effective_autocast("auto", mlp.model) == "off"
+    conv64 = make(seed=0, arch=SMALL_CONV_ARCH, task={**CONV_TASK, "autocast": "auto", "dtype": "float64"})
+    assert learner.effective_autocast("auto", conv64.model) == "off"
+    assert learner.effective_autocast("bf16", mlp.model) == "bf16"  # an explicit mode is taken as written
+
+
+def test_auto_is_accepted_beside_compile_and_float64():
+    """Unlike "bf16", "auto" never conflicts: it is off wherever bf16 could not run."""
+    from agents.efficientzero.agent import EfficientZeroAgent
+
+    for extra in ({"compile": "on"}, {"dtype": "float64"}):
+        task = EfficientZeroAgent.validate_task({"env_id": "CartPole-v1", "autocast": "auto", **extra})
+        assert task["autocast"] == "auto"
+
+
+def test_a_fused_group_of_mlp_members_with_auto_does_not_warn(monkeypatch):
+    from agents.efficientzero.fused import FusedEfficientZero
+    from tests.efficientzero.test_agent import SMALL_ARCH
+
+    monkeypatch.setattr(learner, "_auto_cpu_has_bf16", True)
+    task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
+            "segment_length": 10, "autocast": "auto"}
+    members = [make(seed=s, index=s, arch=SMALL_ARCH, task=task) for s in (0, 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FusedEfficientZero()._group(members)
