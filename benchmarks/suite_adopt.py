@@ -11,6 +11,9 @@ as it is now and can stand as the suite's rows. This does that move, and checks 
 * the ablation's experiment (the file at the commit the run was made at, plus the ablation's `--set`
   overrides) parses to the same experiment as the file does now (`evo.spec.parse_experiment`, compared on
   `Experiment.to_json()`); otherwise it refuses, naming the keys that differ;
+* one difference is allowed, because it is none: a run made with `task.autocast = "bf16"` is a run of a
+  file that says "auto" when the run's machine (its JSON's "machine": a CPU with AVX-512 BF16 or AMX) and
+  the file (a conv member, eager, float32, on the CPU) make "auto" bf16 (`auto_ran_as_bf16`);
 * the agent code (agents/, evo/) that changed between the run's commit and now is listed, as a warning:
   the experiment is the same, the code that ran it may not be.
 
@@ -66,9 +69,36 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def experiment_difference(task: str, text_then: str, overrides: dict[str, Any]) -> list[str]:
+AUTOCAST = "agent.task.autocast"
+#: the CPU flags with which `task.autocast = "auto"` is "bf16" (agents.efficientzero.learner.effective_autocast)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def auto_ran_as_bf16(experiment: dict[str, Any], machine: dict[str, Any] | None) -> bool:
+    """Whether `task.autocast = "auto"` in `experiment` (an `Experiment.to_json()`) means "bf16" on `machine`
+    (a benchmark JSON's "machine"): a conv member, eager, float32, on the CPU, which has bf16 instructions.
+    Then a run made there with "bf16" ran what the file's "auto" runs."""
+    flat = _flatten(experiment)
+    flags = ((machine or {}).get("cpu") or {}).get("flags") or []
+    return (flat.get("agent.arch.variant") == "conv" and flat.get("agent.task.compile", "off") == "off"
+            and flat.get("agent.task.dtype", "float32") == "float32"
+            and not flat.get("resources.gpus_per_member") and any(f in flags for f in BF16_CPU_FLAGS))
+
+
+AUTO_NOTE = "; its autocast 'bf16' is what the file's 'auto' runs on its machine, a CPU with bf16 instructions"
+
+
+def autocast_now(task: str) -> Any:
+    """The task's file's `task.autocast` as it is now (None when the file leaves the default)."""
+    return tomllib.loads((suite.ROOT / suite.TASKS[task]["file"]).read_text()).get("agent", {}).get("task", {}).get(
+        "autocast")
+
+
+def experiment_difference(task: str, text_then: str, overrides: dict[str, Any],
+                          machine: dict[str, Any] | None = None) -> list[str]:
     """The dotted keys whose values differ between `text_then` with `overrides` and the task's file now
-    ("key: then -> now"); empty when the two parse to the same experiment."""
+    ("key: then -> now"); empty when the two parse to the same experiment. `task.autocast` "bf16" then and
+    "auto" now are the same where the run's `machine` makes "auto" bf16 (`auto_ran_as_bf16`)."""
     from evo.spec import SpecError, parse_experiment
 
     path = suite.TASKS[task]["file"]
@@ -78,6 +108,8 @@ def experiment_difference(task: str, text_then: str, overrides: dict[str, Any]) 
         raise AdoptError(f"{path} as it was, with --set {json.dumps(overrides)}, does not parse today: {exc}") from None
     now = parse_experiment(tomllib.loads((suite.ROOT / path).read_text()), path).to_json()
     a, b = _flatten(then), _flatten(now)
+    if a.get(AUTOCAST) == "bf16" and b.get(AUTOCAST) == "auto" and auto_ran_as_bf16(now, machine):
+        a[AUTOCAST] = "auto"
     return [f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
             for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")]
 
@@ -103,7 +135,8 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
                 raise AdoptError(f"{where} is partial; finish it (--reuse) before adopting it")
             commits = (run.get("began_at_commit"), run.get("commit") or ablation.get("commit"))
             for commit in dict.fromkeys(c for c in commits if c):  # a continued run: where it began, then where it ended
-                differ = experiment_difference(task, read_file_at(commit, suite.TASKS[task]["file"]), overrides)
+                differ = experiment_difference(task, read_file_at(commit, suite.TASKS[task]["file"]), overrides,
+                                               ablation.get("machine"))
                 if differ:
                     raise AdoptError(f"{where} is not a run of the file as it is now (its file at {commit[:7]} with "
                                      f"--set {json.dumps(overrides)}): " + "; ".join(differ))
@@ -136,7 +169,9 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
             "commit": commit[:7], "command": run.get("command") or ablation.get("command"), "file_as_now": True,
             "adopted_from": source,
             "evidence": f"adopted by benchmarks.suite_adopt --label {label}: its file at {commit[:7]} with --set "
-                        f"{json.dumps(overrides)} parses to the file as it is now (checked equal)" + (f"; {why}" if why else ""),
+                        f"{json.dumps(overrides)} parses to the file as it is now (checked equal"
+                        + (AUTO_NOTE if overrides.get(AUTOCAST) == "bf16" and autocast_now(task) == "auto" else "")
+                        + ")" + (f"; {why}" if why else ""),
         }
         entry["runs"] = sorted([r for r in entry.get("runs", []) if r["seed"] != seed] + [new], key=lambda r: r["seed"])
         entry.setdefault("random_by_seed", {})[str(seed)] = random

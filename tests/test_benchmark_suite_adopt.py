@@ -177,3 +177,60 @@ def test_unreadable_input_and_a_file_that_no_longer_parses_are_clear_errors(tmp_
     assert suite_adopt.main(["--json", str(out), "--label", "x", str(abl)]) == 2
     assert "does not parse today" in capsys.readouterr().err
     assert json.loads(out.read_text()) == suite_results()
+
+
+def with_autocast(text: str, mode: str | None) -> str:
+    """`text` with its [agent.task] autocast line replaced by `mode` (none when None)."""
+    lines = [line for line in text.splitlines() if not line.startswith("autocast =")]
+    if mode is not None:
+        lines.insert(lines.index("[agent.task]") + 1, f'autocast = "{mode}"')
+    return "\n".join(lines) + "\n"
+
+
+BF16_CPU = {"cpu": {"model": "AMD EPYC", "flags": ["avx2", "avx512f", "avx512_bf16"]}}
+
+
+def test_a_bf16_run_is_a_run_of_a_file_that_says_auto_where_auto_means_bf16(tmp_path, monkeypatch) -> None:
+    """The run's machine decides: "auto" is bf16 for this conv member on a CPU with bf16 instructions only."""
+    path = tmp_path / suite.TASKS[TASK]["file"]
+    path.parent.mkdir(parents=True)
+    path.write_text(with_autocast(FILE_NOW, "auto"))
+    monkeypatch.setattr(suite, "ROOT", tmp_path)
+    file_then = with_autocast(FILE_THEN, None)
+    bf16 = {**OVERRIDES, "agent.task.autocast": "bf16"}
+    results = suite_results()
+    suite_adopt.adopt(results, ablation(run(1, 6.0), overrides=bf16) | {"machine": BF16_CPU}, "abl.json", "auto",
+                      read_file_at=lambda commit, p: file_then)
+    evidence = results["tasks"][TASK]["runs"][1]["provenance"]["evidence"]
+    assert "its autocast 'bf16' is what the file's 'auto' runs on its machine" in evidence
+    before = copy.deepcopy(results)
+    avx2 = {"cpu": {"model": "Intel Xeon", "flags": ["avx2", "avx512f"]}}
+    for machine in (avx2, None):  # "auto" is off there, or nothing says what the machine was
+        abl = ablation(run(2, 6.0), overrides=bf16) | ({"machine": machine} if machine else {})
+        with pytest.raises(suite_adopt.AdoptError, match="agent.task.autocast: 'bf16' -> 'auto'"):
+            suite_adopt.adopt(results, abl, "abl.json", "auto", read_file_at=lambda commit, p: file_then)
+    assert results == before
+    # a float32 run is not a run of the "auto" file, even on that machine
+    with pytest.raises(suite_adopt.AdoptError, match="agent.task.autocast: '<absent>' -> 'auto'"):
+        suite_adopt.adopt(results, ablation(run(2, 6.0)) | {"machine": BF16_CPU}, "abl.json", "auto",
+                          read_file_at=lambda commit, p: file_then)
+
+
+@pytest.mark.parametrize("change, means_bf16", [
+    ({}, True),
+    ({"agent.arch.variant": "mlp"}, False),
+    ({"agent.task.compile": "on"}, False),
+    ({"agent.task.dtype": "float64"}, False),
+    ({"resources.gpus_per_member": 0.5}, False),
+])
+def test_auto_means_bf16_only_for_an_eager_float32_conv_member_on_the_cpu(change, means_bf16) -> None:
+    experiment = {"agent": {"arch": {"variant": "conv"}, "task": {"autocast": "auto"}}, "resources": {}}
+    for key, value in change.items():
+        section, *middle, name = key.split(".")
+        node = experiment[section]
+        for part in middle:
+            node = node.setdefault(part, {})
+        node[name] = value
+    assert suite_adopt.auto_ran_as_bf16(experiment, BF16_CPU) is means_bf16
+    assert suite_adopt.auto_ran_as_bf16(experiment, {"cpu": {"flags": ["avx2", "amx_bf16"]}}) is means_bf16
+    assert not suite_adopt.auto_ran_as_bf16(experiment, {"cpu": {"flags": ["avx2"]}})
