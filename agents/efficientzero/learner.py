@@ -425,13 +425,13 @@ _auto_cpu_has_bf16: bool | None = None
 
 def effective_autocast(mode: str, model: torch.nn.Module, compile: bool = False) -> str:
     """What `task.autocast = mode` runs `model`'s update in: "off" or "bf16". "auto" is "bf16" only where
-    bf16 was measured to pay: a conv member (`EfficientZeroConv`), on a CPU with bf16 kernels, eager and in
-    float32. Everywhere else it is "off": MLP members got slower (0.88-0.90x), an AMX Xeon gained nothing
-    (1.01x), an H200 lost (0.86x), and a CPU without bf16 instructions emulates it (0.07-0.47x).
-    docs/efficientzero.md, "bf16"."""
+    bf16 was measured not to cost: a conv member (`EfficientZeroConv`), eager, in float32, on a CPU with
+    bf16 kernels (1.2-1.3x on an AVX-512 BF16 EPYC, 1.01x on an AMX Xeon). Everywhere else it is "off": MLP
+    members got slower (0.88-0.90x), an H200 too (0.86x), and a CPU without bf16 instructions emulates it
+    (0.07-0.47x). docs/efficientzero.md, "bf16"."""
+    global _auto_cpu_has_bf16
     if mode != "auto":
         return mode
-    global _auto_cpu_has_bf16
     if compile or not isinstance(model, EfficientZeroConv):
         return "off"
     param = next(model.parameters())
