@@ -26,6 +26,7 @@ other processes falls on all alike:
 * minatar: the same for experiments/minatar_breakout_efficientzero.toml's conv member;
 * minatar_suite (not in the default `--only`): the same for the suite's Breakout file
   (experiments/suite/minatar_breakout.toml: batch 128, 8 simulations), the member the suite's hours go to;
+* spaceinvaders_suite (not in the default `--only`): the same for experiments/suite/minatar_spaceinvaders.toml;
 * mainjob (not in the default `--only`): the main job end to end, `evo run
   experiments/cartpole_efficientzero.toml` (Ray, 4 members; `--quick`: 3 generations of the file's 6,
   `--generations N`: N)
@@ -76,7 +77,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
                "minatar": "experiments/minatar_breakout_efficientzero.toml",
                # the suite's Breakout member (batch 128 since the fifty-first session): what the suite's hours are made of
-               "minatar_suite": "experiments/suite/minatar_breakout.toml"}
+               "minatar_suite": "experiments/suite/minatar_breakout.toml",
+               # SpaceInvaders' suite file (batch 64): its one "auto" run was no quicker than float32
+               "spaceinvaders_suite": "experiments/suite/minatar_spaceinvaders.toml"}
 
 
 def build_member(name: str, seed: int = 0) -> Any:
@@ -209,7 +212,8 @@ def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None)
 def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     agent = build_member(name)
     # (warm-up steps beyond min_replay, window steps --quick, window steps)
-    steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400), "minatar_suite": (100, 150, 400)}[name]
+    steps = {"cartpole": (150, 300, 1000), "minatar": (100, 150, 400), "minatar_suite": (100, 150, 400),
+             "spaceinvaders_suite": (100, 150, 400)}[name]
     warm = max(warm if warm is not None else 0, int(agent.task["min_replay"]) + steps[0])
     agent.train(warm)  # past min_replay: every window learns
     compiled = compile_now(agent) if "compiled" in arms else {}
