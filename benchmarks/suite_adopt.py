@@ -88,17 +88,12 @@ def auto_ran_as_bf16(experiment: dict[str, Any], machine: dict[str, Any] | None)
 AUTO_NOTE = "; its autocast 'bf16' is what the file's 'auto' runs on its machine, a CPU with bf16 instructions"
 
 
-def autocast_now(task: str) -> Any:
-    """The task's file's `task.autocast` as it is now (None when the file leaves the default)."""
-    return tomllib.loads((suite.ROOT / suite.TASKS[task]["file"]).read_text()).get("agent", {}).get("task", {}).get(
-        "autocast")
-
-
 def experiment_difference(task: str, text_then: str, overrides: dict[str, Any],
-                          machine: dict[str, Any] | None = None) -> list[str]:
+                          machine: dict[str, Any] | None = None) -> tuple[list[str], bool]:
     """The dotted keys whose values differ between `text_then` with `overrides` and the task's file now
-    ("key: then -> now"); empty when the two parse to the same experiment. `task.autocast` "bf16" then and
-    "auto" now are the same where the run's `machine` makes "auto" bf16 (`auto_ran_as_bf16`)."""
+    ("key: then -> now"), empty when the two parse to the same experiment; and whether `task.autocast`
+    "bf16" then was counted equal to "auto" now, as it is where the run's `machine` makes "auto" bf16
+    (`auto_ran_as_bf16`)."""
     from evo.spec import SpecError, parse_experiment
 
     path = suite.TASKS[task]["file"]
@@ -108,10 +103,11 @@ def experiment_difference(task: str, text_then: str, overrides: dict[str, Any],
         raise AdoptError(f"{path} as it was, with --set {json.dumps(overrides)}, does not parse today: {exc}") from None
     now = parse_experiment(tomllib.loads((suite.ROOT / path).read_text()), path).to_json()
     a, b = _flatten(then), _flatten(now)
-    if a.get(AUTOCAST) == "bf16" and b.get(AUTOCAST) == "auto" and auto_ran_as_bf16(now, machine):
+    auto_as_bf16 = a.get(AUTOCAST) == "bf16" and b.get(AUTOCAST) == "auto" and auto_ran_as_bf16(now, machine)
+    if auto_as_bf16:
         a[AUTOCAST] = "auto"
     return [f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
-            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")]
+            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")], auto_as_bf16
 
 
 def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label: str, why: str = "",
@@ -125,7 +121,7 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
     if ablation.get("quick"):
         raise AdoptError(f"{source}: made with --quick; its runs are smoke tests, not rows")
     overrides = ablation.get("overrides") or {}
-    plan: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    plan: list[tuple[str, dict[str, Any], dict[str, Any], bool]] = []
     for task, abl_entry in ablation.get("tasks", {}).items():
         if task not in suite.TASKS:
             raise AdoptError(f"{source}: unknown task {task!r}; the suite's are {list(suite.TASKS)}")
@@ -134,9 +130,10 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
             if run.get("partial") or not run.get("curve"):
                 raise AdoptError(f"{where} is partial; finish it (--reuse) before adopting it")
             commits = (run.get("began_at_commit"), run.get("commit") or ablation.get("commit"))
+            auto_as_bf16 = False
             for commit in dict.fromkeys(c for c in commits if c):  # a continued run: where it began, then where it ended
-                differ = experiment_difference(task, read_file_at(commit, suite.TASKS[task]["file"]), overrides,
-                                               ablation.get("machine"))
+                differ, auto_as_bf16 = experiment_difference(task, read_file_at(commit, suite.TASKS[task]["file"]),
+                                                             overrides, ablation.get("machine"))
                 if differ:
                     raise AdoptError(f"{where} is not a run of the file as it is now (its file at {commit[:7]} with "
                                      f"--set {json.dumps(overrides)}): " + "; ".join(differ))
@@ -146,11 +143,11 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
                 (results.get("tasks", {}).get(task, {}).get("random_by_seed") or {}).get(str(run["seed"]))
             if random is None:
                 raise AdoptError(f"{where}: neither it nor the suite has a random baseline of its seed")
-            plan.append((task, run, random))
+            plan.append((task, run, random, auto_as_bf16))
     if not plan:
         raise AdoptError(f"{source}: no runs to adopt")
     lines = []
-    for task, run, random in plan:
+    for task, run, random, auto_as_bf16 in plan:
         entry = results.setdefault("tasks", {}).setdefault(task, {"runs": [], "file": suite.TASKS[task]["file"],
                                                                    "anchor": suite.TASKS[task]["anchor"]})
         seed = run["seed"]
@@ -170,7 +167,7 @@ def adopt(results: dict[str, Any], ablation: dict[str, Any], source: str, label:
             "adopted_from": source,
             "evidence": f"adopted by benchmarks.suite_adopt --label {label}: its file at {commit[:7]} with --set "
                         f"{json.dumps(overrides)} parses to the file as it is now (checked equal"
-                        + (AUTO_NOTE if overrides.get(AUTOCAST) == "bf16" and autocast_now(task) == "auto" else "")
+                        + (AUTO_NOTE if auto_as_bf16 else "")
                         + ")" + (f"; {why}" if why else ""),
         }
         entry["runs"] = sorted([r for r in entry.get("runs", []) if r["seed"] != seed] + [new], key=lambda r: r["seed"])
