@@ -15,6 +15,8 @@ from tests.efficientzero.test_agent import SMALL_CONV_ARCH, make
 CONV_TASK = {"env_id": "MinAtar/Breakout-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16,
              "replay_capacity": 5000, "segment_length": 10}
 HP = {"num_unroll_steps": 3, "lstm_horizon_len": 3, "td_steps": 3}
+MLP_TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
+            "segment_length": 10}
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +113,7 @@ def test_a_fused_group_says_it_does_not_autocast():
     from agents.efficientzero.fused import FusedEfficientZero
     from tests.efficientzero.test_agent import SMALL_ARCH
 
-    task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
-            "segment_length": 10, "autocast": "bf16"}
+    task = {**MLP_TASK, "autocast": "bf16"}
     members = [make(seed=s, index=s, arch=SMALL_ARCH, task=task) for s in (0, 1)]
     trainer = FusedEfficientZero()
     with pytest.warns(UserWarning, match="task.autocast applies to members trained one by one"):
@@ -165,8 +166,7 @@ def test_auto_is_off_for_an_mlp_member_and_a_float64_one(monkeypatch):
     from tests.efficientzero.test_agent import SMALL_ARCH
 
     monkeypatch.setattr(learner, "_auto_cpu_has_bf16", True)
-    task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
-            "segment_length": 10, "autocast": "auto"}
+    task = {**MLP_TASK, "autocast": "auto"}
     mlp = make(seed=0, arch=SMALL_ARCH, task=task)
     assert learner.effective_autocast("auto", mlp.model) == "off"
     conv64 = make(seed=0, arch=SMALL_CONV_ARCH, task={**CONV_TASK, "autocast": "auto", "dtype": "float64"})
@@ -188,8 +188,7 @@ def test_a_fused_group_of_mlp_members_with_auto_does_not_warn(monkeypatch):
     from tests.efficientzero.test_agent import SMALL_ARCH
 
     monkeypatch.setattr(learner, "_auto_cpu_has_bf16", True)
-    task = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
-            "segment_length": 10, "autocast": "auto"}
+    task = {**MLP_TASK, "autocast": "auto"}
     members = [make(seed=s, index=s, arch=SMALL_ARCH, task=task) for s in (0, 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
