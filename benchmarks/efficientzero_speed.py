@@ -27,6 +27,7 @@ other processes falls on all alike:
 * minatar_suite (not in the default `--only`): the same for the suite's Breakout file
   (experiments/suite/minatar_breakout.toml: batch 128, 8 simulations), the member the suite's hours go to;
 * spaceinvaders_suite (not in the default `--only`): the same for experiments/suite/minatar_spaceinvaders.toml;
+* asterix_suite (not in the default `--only`): the same for experiments/suite/minatar_asterix.toml (batch 128);
 * mainjob (not in the default `--only`): the main job end to end, `evo run
   experiments/cartpole_efficientzero.toml` (Ray, 4 members; `--quick`: 3 generations of the file's 6,
   `--generations N`: N)
@@ -79,7 +80,9 @@ EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
                # the suite's Breakout member (batch 128 since the fifty-first session): what the suite's hours are made of
                "minatar_suite": "experiments/suite/minatar_breakout.toml",
                # SpaceInvaders' suite file (batch 64): its one "auto" run was no quicker than float32
-               "spaceinvaders_suite": "experiments/suite/minatar_spaceinvaders.toml"}
+               "spaceinvaders_suite": "experiments/suite/minatar_spaceinvaders.toml",
+               # Asterix's suite file (batch 128, like Breakout's): the member a bf16 Asterix seed would run
+               "asterix_suite": "experiments/suite/minatar_asterix.toml"}
 
 
 def build_member(name: str, seed: int = 0) -> Any:
