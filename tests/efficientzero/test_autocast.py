@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from agents.efficientzero import learner
-from tests.efficientzero.test_agent import SMALL_CONV_ARCH, make
+from tests.efficientzero.test_agent import SMALL_CONV_ARCH, TASK, make
 
-CONV_TASK = {"env_id": "MinAtar/Breakout-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16,
-             "replay_capacity": 5000, "segment_length": 10}
+MLP_TASK = {**TASK, "eval_episodes": 1}  # test_agent's CartPole task, one evaluation episode
+CONV_TASK = {**MLP_TASK, "env_id": "MinAtar/Breakout-v1"}
 HP = {"num_unroll_steps": 3, "lstm_horizon_len": 3, "td_steps": 3}
-MLP_TASK = {"env_id": "CartPole-v1", "num_envs": 2, "eval_episodes": 1, "min_replay": 16, "replay_capacity": 5000,
-            "segment_length": 10}
 
 
 @pytest.fixture(scope="module")
