@@ -212,6 +212,14 @@ def train_returns(store) -> list[float | None]:
     return [round(float(np.mean(v)), 4) if v else None for v in by_gen]
 
 
+def best_per_generation(store) -> dict[int, float]:
+    """The best member's fitness of every generation the store has evaluations of (the suite's curve points)."""
+    best: dict[int, float] = {}
+    for row in store.all_evaluations():
+        best[row["generation"]] = max(best.get(row["generation"], -np.inf), row["fitness"])
+    return best
+
+
 def add_from_store(name: str, run: dict[str, Any], overrides: dict[str, Any] | None) -> None:
     """What a finished run of an earlier call (--reuse) lacks — `heldout`, `train_return` — from its
     RunStore under RUNS_DIR, or in `heldout` the reason it cannot be had."""
@@ -226,9 +234,7 @@ def add_from_store(name: str, run: dict[str, Any], overrides: dict[str, Any] | N
     store = RunStore.open(path, read_only=True)
     try:
         # the store must hold this very run (a later call of another JSON may have reused its name)
-        best = {}
-        for row in store.all_evaluations():
-            best[row["generation"]] = max(best.get(row["generation"], -np.inf), row["fitness"])
+        best = best_per_generation(store)
         if [best.get(g) for g in range(len(run["curve"]))] != [p[2] for p in run["curve"]]:
             if run.get("heldout") is None:
                 run["heldout"] = {"skipped": f"{path} holds another run than this curve"}

@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks import suite
 
 
@@ -51,10 +49,7 @@ def report(path: Path, heldout_episodes: int) -> dict[str, Any]:
     try:
         exp = parse_experiment(store.experiment(), f"{store.path}/experiment")
         done = store.last_completed_generation() + 1
-        best: dict[int, float] = {}
-        for row in store.all_evaluations():
-            if row["generation"] < done:
-                best[row["generation"]] = max(best.get(row["generation"], -np.inf), row["fitness"])
+        best = suite.best_per_generation(store)
         per_generation = exp.population.size * exp.population.steps_per_generation
         task = exp.task
         rnd = suite.random_policy(task, exp.seed, int(task["eval_episodes"]), int(task["eval_max_steps"]),
