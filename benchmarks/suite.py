@@ -123,6 +123,13 @@ def load_task(name: str, seed: int, quick: bool, overrides: dict[str, Any] | Non
 RANDOM_REPEATS = 20
 
 
+def random_baseline(task: dict[str, Any], run_seed: int, repeats: int = RANDOM_REPEATS) -> dict[str, Any]:
+    """The suite's random baseline for a run: `random_policy` on at least 10 of the run's evaluation starts,
+    each played `repeats` times, capped as the task's evaluations are."""
+    return random_policy(task, run_seed, max(10, int(task["eval_episodes"])), int(task["eval_max_steps"]),
+                         repeats=repeats)
+
+
 def random_policy(task: dict[str, Any], run_seed: int, episodes: int, cap: int, seed: int = 0,
                   repeats: int = 1) -> dict[str, Any]:
     """Uniform random actions on the evaluation starts of `run_seed` (as `SelfPlay.evaluation`: env i
@@ -590,16 +597,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{run['wall_s']} s{' (partial)' if run['partial'] else ''}", flush=True)
             save()
         exp, _ = load_task(name, 0, args.quick, overrides)
-        episodes, cap = max(10, int(exp.task["eval_episodes"])), int(exp.task["eval_max_steps"])
         by_seed = entry.setdefault("random_by_seed", {})
         for run in entry["runs"]:  # each seed's runs evaluate on that seed's starts
             if stale(by_seed.get(str(run["seed"]))):
-                by_seed[str(run["seed"])] = random_policy(exp.task, run["seed"], episodes, cap, repeats=repeats)
+                by_seed[str(run["seed"])] = random_baseline(exp.task, run["seed"], repeats)
         if stale(entry.get("random")):  # the task's (seed 0's starts): measured above where seed 0 ran
             if "random" in entry and not args.quick and "random_single_draw" not in entry:
                 entry["random_single_draw"] = entry["random"]  # kept: the verdicts before RANDOM_REPEATS used it
             known = by_seed.get(str(exp.seed))
-            entry["random"] = dict(known) if known else random_policy(exp.task, exp.seed, episodes, cap, repeats=repeats)
+            entry["random"] = dict(known) if known else random_baseline(exp.task, exp.seed, repeats)
         budget = exp.population.size * exp.population.generations * exp.population.steps_per_generation
         if args.quick or args.no_peer:
             entry["peer"] = {"skipped": "--quick" if args.quick else "--no-peer"}

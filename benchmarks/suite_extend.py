@@ -9,8 +9,8 @@ run's own backend and settings. It then reports:
 
 * every generation's best member and env steps (all members), as the suite's curve;
 * the population's mean training return (`benchmarks.suite.train_returns`);
-* random on the run's own evaluation starts (each start played 20 times, as the suite does) and each best as a
-  multiple of it;
+* random on the run's own evaluation starts, as the suite measures it (`benchmarks.suite.random_baseline`: at least
+  10 starts, each played 20 times), and each best as a multiple of it;
 * the last elite and the best checkpoint held out (50 fresh episodes; `benchmarks.suite.heldout`).
 
 The suite's verdicts stay at the budget; this is a diagnosis of a miss, not a row. A run that already has
@@ -51,9 +51,7 @@ def report(path: Path, heldout_episodes: int) -> dict[str, Any]:
         done = store.last_completed_generation() + 1
         best = suite.best_per_generation(store)
         per_generation = exp.population.size * exp.population.steps_per_generation
-        task = exp.task
-        rnd = suite.random_policy(task, exp.seed, int(task["eval_episodes"]), int(task["eval_max_steps"]),
-                                  repeats=suite.RANDOM_REPEATS)
+        rnd = suite.random_baseline(exp.task, exp.seed)
         curve = [[(g + 1) * per_generation, best[g]] for g in range(done)]
         return {"run": store.name, "seed": exp.seed, "generations": done, "env_steps_per_generation": per_generation,
                 "curve": curve, "train_return": suite.train_returns(store), "random": rnd,

@@ -30,7 +30,7 @@ def test_extends_a_finished_run_and_reports_every_generation(tmp_path):
     steps = report["env_steps_per_generation"]
     assert steps == 2 * 64 and [p[0] for p in report["curve"]] == [steps, 2 * steps]
     assert len(report["train_return"]) == 2 and len(report["x_random"]) == 2
-    assert report["random"]["episodes"] * report["random"]["repeats"] == 2 * suite.RANDOM_REPEATS
+    assert report["random"]["episodes"] * report["random"]["repeats"] == 10 * suite.RANDOM_REPEATS  # >= 10 starts
     assert report["x_random"][-1] == round(report["curve"][-1][1] / report["random"]["mean"], 2)
     held = report["heldout"]
     assert held["episodes"] == 2 and held["last_elite"]["generation"] == 1
