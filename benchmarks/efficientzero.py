@@ -1,12 +1,13 @@
 """One EfficientZero agent learning CartPole-v1 on this machine.
 
-    python -m benchmarks.efficientzero [--quick] [--seed S] [--path fast|baseline] --json OUT.json
+    python -m benchmarks.efficientzero [--quick] [--seed S] [--path fast|baseline] [--arch KEY=VALUE ...] --json OUT.json
 
 Trains in chunks of `--eval-every` environment steps and after each chunk evaluates 10 greedy
 episodes (MCTS, no noise). Fields: env_steps_to_195 and wall_s_to_195 (the first evaluation with
 mean return >= 195; null if never; wall time counts training *and* evaluations since start),
 final_eval_return, env_steps, updates, plus the evaluation curve. Target: 195 within 20,000 env
-steps and 540 s. --quick stops after about a minute.
+steps and 540 s. --quick stops after about a minute. The agent's default network unless `--arch KEY=VALUE`
+(repeatable, a TOML value: `--arch width=32 --arch 'blocks=[32]'`) changes keys of it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agents.efficientzero.agent import EfficientZeroAgent
 from benchmarks.devices import cpu_name
 from evo.agent import AgentContext
 from evo.replay import build_replay
+from evo.spec import parse_override
 
 TASK = {"env_id": "CartPole-v1", "num_envs": 8, "eval_episodes": 10}
 HPARAMS = {"discount": 0.99}
@@ -38,13 +40,16 @@ def main() -> None:
     parser.add_argument("--keep-going", action="store_true", help="train on after reaching 195")
     parser.add_argument("--path", default="fast", choices=learner.PATHS,
                         help="the learner's loss path (`learner.set_path`): the fast default or the baseline it replaced")
+    parser.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
+                        help="an architecture key over the agent's defaults (TOML value), repeatable")
     args = parser.parse_args()
+    arch = dict(parse_override(text) for text in args.arch)
     learner.set_path(args.path)
     torch.set_num_threads(1)
     max_seconds = 60.0 if args.quick else args.max_seconds
     replay = build_replay(EfficientZeroAgent.replay_spec(TASK), args.seed, distributed=False)
     ctx = AgentContext(task=TASK, replay=replay, seed=args.seed)
-    agent = EfficientZeroAgent.create({}, HPARAMS, args.seed, 0, ctx)
+    agent = EfficientZeroAgent.create(arch, HPARAMS, args.seed, 0, ctx)
     start = time.perf_counter()
     curve, solved, last = [], None, None
     while agent.env_steps < args.max_env_steps and time.perf_counter() - start < max_seconds:
@@ -75,7 +80,9 @@ def main() -> None:
         "updates": agent.updates,
         "wall_s": round(time.perf_counter() - start, 1),
         "hparams": agent.hparams,
-        "arch": {k: agent.arch[k] for k in ("latent_size", "width", "lstm_hidden_size", "value_support", "reward_support")},
+        "arch": {k: agent.arch[k] for k in ("latent_size", "width", "blocks", "lstm_hidden_size", "value_support",
+                                            "reward_support")},
+        "arch_overrides": arch,
         "task": TASK,
         "torch_threads": 1,
         "machine": cpu_name(),

@@ -9,7 +9,12 @@ eager path; float64 equality with the baseline: tests/efficientzero/test_fast_pa
 more when named in `--arms`: "bf16" (the fast path with `task.autocast = "bf16"`,
 tests/efficientzero/test_autocast.py; `ratio_bf16_*`: bf16 / baseline, `ratio_bf16_fast_*`: bf16 / fast)
 and "denormals" (the fast path with denormal floats kept, `EVO_DENORMALS=keep`, as before evo/denormals.py;
-`ratio_flush_*`: fast / denormals). Every arm but "baseline" and "denormals" trains with denormals
+`ratio_flush_*`: fast / denormals); and with `--arch KEY=VALUE` (repeatable, e.g. `--arch width=32`)
+"arch_fast" and "arch_compiled": the fast and compiled paths on a second member whose network differs from
+the file's by those keys, trained and measured beside the first (`ratio_arch_fast_*`,
+`ratio_arch_compiled_*`: to the file's baseline, i.e. what another default network would buy against the
+issue's starting point; such a network learns differently: measure that with `benchmarks.efficientzero
+--arch`). Every arm but "baseline" and "denormals" trains with denormals
 flushed to zero, as members do; "baseline" keeps them, so it stays the code the issue started from.
 Each section builds a member from an experiment file's defaults (its task, arch and hyperparameter
 values), trains it until its replay is warm (`--warm STEPS`: that many env steps instead, e.g. to
@@ -73,6 +78,7 @@ from benchmarks.devices import checked_device, cpu_description, device_name, wai
 from evo.allocator import allocator_state, keep_freed_memory
 from evo.denormals import ENV as DENORMALS_ENV
 from evo.denormals import flush_denormals
+from evo.spec import parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
@@ -85,22 +91,27 @@ EXPERIMENTS = {"cartpole": "experiments/cartpole_efficientzero.toml",
                "asterix_suite": "experiments/suite/minatar_asterix.toml"}
 
 
-def build_member(name: str, seed: int = 0) -> Any:
-    """The experiment's first member (the file's hyperparameter values), with a private store, on `DEVICE`."""
+def build_member(name: str, seed: int = 0, arch: dict[str, Any] | None = None) -> Any:
+    """The experiment's first member (the file's hyperparameter values), with a private store, on `DEVICE`;
+    `arch` overrides keys of the file's `[agent.arch]`."""
     from evo.agent import AgentContext
     from evo.replay import build_replay
     from evo.spec import load_experiment
 
-    exp, _ = load_experiment(ROOT / EXPERIMENTS[name], {"seed": seed})
+    overrides = {"seed": seed, **{f"agent.arch.{key}": value for key, value in (arch or {}).items()}}
+    exp, _ = load_experiment(ROOT / EXPERIMENTS[name], overrides)
     replay = build_replay(exp.agent_class.replay_spec(exp.task), seed, distributed=False)
     return exp.agent_class.create(exp.arch, {n: hp.value for n, hp in exp.hparam_space.items()}, seed, 0,
                                   AgentContext(task=exp.task, replay=replay, seed=seed, device=DEVICE))
 
 
 ARMS = ("baseline", "fast", "compiled")
-EXTRA_ARMS = ("bf16", "denormals")  # measured only when named in --arms
+#: the second member's arms (`--arch`) and the path each runs
+ARCH_ARMS = {"arch_fast": "fast", "arch_compiled": "compiled"}
+EXTRA_ARMS = ("bf16", "denormals", *ARCH_ARMS)  # measured only when named in --arms
 KEEPS_DENORMALS = ("baseline", "denormals")
 DEVICE = "cpu"  # --device: where members' networks live
+ARCH: dict[str, Any] = {}  # --arch: the arch_* arms' member's network, as keys over the file's [agent.arch]
 
 
 @contextlib.contextmanager
@@ -110,6 +121,7 @@ def arm(agent: Any, name: str) -> Iterator[None]:
     which calls the learner directly)."""
     from agents.efficientzero import learner
 
+    name = ARCH_ARMS.get(name, name)
     old = agent.task["compile"], agent.task["autocast"], os.environ.get(DENORMALS_ENV)
     agent.task["compile"] = "on" if name == "compiled" else "off"
     agent.task["autocast"] = "bf16" if name == "bf16" else "off"
@@ -130,15 +142,15 @@ def arm(agent: Any, name: str) -> Iterator[None]:
         flush_denormals()
 
 
-def alternate(agent: Any, work: Callable[[str], None], units: float, rounds: int,
+def alternate(agents: Callable[[str], Any], work: Callable[[str], None], units: float, rounds: int,
               arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
     """`rounds` rounds of one window per arm, in the order of `arms` and then reversed (baseline,
     fast, compiled, compiled, fast, baseline, ...); `work(arm)` does `units` of work (updates, env
-    steps) on that arm, already set up."""
+    steps) on that arm's member, `agents(arm)`, already set up."""
     windows: dict[str, list[dict[str, float]]] = {a: [] for a in arms}
     for r in range(rounds):
         for name in (arms if r % 2 == 0 else arms[::-1]):
-            with arm(agent, name):
+            with arm(agents(name), name):
                 load = os.getloadavg()[0]
                 w0, c0 = time.perf_counter(), time.process_time()
                 work(name)
@@ -153,7 +165,8 @@ def alternate(agent: Any, work: Callable[[str], None], units: float, rounds: int
         out[name]["windows"] = [{k: round(v, 4) for k, v in w.items()} for w in ws]
     ratios = {"ratio": ("fast", "baseline"), "ratio_compiled": ("compiled", "baseline"),
               "ratio_compiled_fast": ("compiled", "fast"), "ratio_bf16": ("bf16", "baseline"),
-              "ratio_bf16_fast": ("bf16", "fast"), "ratio_flush": ("fast", "denormals")}
+              "ratio_bf16_fast": ("bf16", "fast"), "ratio_flush": ("fast", "denormals"),
+              "ratio_arch_fast": ("arch_fast", "baseline"), "ratio_arch_compiled": ("arch_compiled", "baseline")}
     for prefix, (num, den) in ratios.items():
         if num in out and den in out:
             for stat in ("median", "best"):
@@ -163,9 +176,9 @@ def alternate(agent: Any, work: Callable[[str], None], units: float, rounds: int
     return out
 
 
-def compile_now(agent: Any) -> dict[str, Any]:
+def compile_now(agent: Any, prefix: str = "") -> dict[str, Any]:
     """The compiled arm's first update, timed: a cold compile when inductor's cache lacks the graph,
-    else a load from it (dynamo's trace included)."""
+    else a load from it (dynamo's trace included). `prefix` goes before every key."""
     from agents.efficientzero import learner
 
     cache = learner.compile_cache_dir()
@@ -176,24 +189,48 @@ def compile_now(agent: Any) -> dict[str, Any]:
         agent.update()
     wall = time.perf_counter() - w0
     after = learner.compile_stats()
-    return {"compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 2),
-            "first_update_wall_s": round(wall, 2), "cache_dir": cache, "cache_files_before": entries,
-            "new_graphs": int(after["compiled_graphs"] - before["compiled_graphs"]),
-            "compile_failures": int(after["compile_failures"]), "load1": os.getloadavg()[0]}
+    out = {"compile_seconds": round(after["compile_seconds"] - before["compile_seconds"], 2),
+           "first_update_wall_s": round(wall, 2), "cache_dir": cache, "cache_files_before": entries,
+           "new_graphs": int(after["compiled_graphs"] - before["compiled_graphs"]),
+           "compile_failures": int(after["compile_failures"]), "load1": os.getloadavg()[0]}
+    return {prefix + key: value for key, value in out.items()}
+
+
+def members(name: str, arms: tuple[str, ...], arch: dict[str, Any] | None, warm: int) -> Callable[[str], Any]:
+    """The section's members, each trained `warm` env steps and compiled when a compiled arm runs on
+    it: the file's own, and with `--arch` a second one of that network for the arch_* arms. Returns
+    arm -> member."""
+    own = build_member(name)
+    own.train(warm)  # compiled below, by `compile_members`
+    second = None
+    if any(a in ARCH_ARMS for a in arms):
+        second = build_member(name, arch=arch)
+        second.train(warm)
+    return lambda arm_name: second if arm_name in ARCH_ARMS else own
+
+
+def compile_members(agents: Callable[[str], Any], arms: tuple[str, ...]) -> dict[str, Any]:
+    """`compile_now` for each member a compiled arm runs on (arch_compiled's keys prefixed "arch_")."""
+    out: dict[str, Any] = {}
+    if "compiled" in arms:
+        out.update(compile_now(agents("compiled")))
+    if "arch_compiled" in arms:
+        out.update(compile_now(agents("arch_compiled"), "arch_"))
+    out.update({"arch": ARCH} if any(a in ARCH_ARMS for a in arms) else {})
+    return out
 
 
 def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     from agents.efficientzero import learner
 
-    agent = build_member("cartpole")
-    agent.train(warm if warm is not None else 400 if quick else 1500)
+    agents = members("cartpole", arms, ARCH, warm if warm is not None else 400 if quick else 1500)
     torch.set_num_threads(1)
-    compiled = compile_now(agent) if "compiled" in arms else {}
+    compiled = compile_members(agents, arms)
     n = 20 if quick else 50
     parts = {a: [0.0, 0.0] for a in arms}
 
     def work(name: str) -> None:
-        part = parts[name]
+        agent, part = agents(name), parts[name]
         for _ in range(n):
             t0 = time.process_time()
             batch = learner.sample_batch(agent.replay, agent.target_model, agent.hparams, agent.rng)
@@ -204,7 +241,7 @@ def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None)
             part[0] += t1 - t0
             part[1] += time.process_time() - t1
 
-    out = {**alternate(agent, work, n, 4 if quick else 8, arms), **compiled}
+    out = {**alternate(agents, work, n, 4 if quick else 8, arms), **compiled}
     for name, (sample, update) in parts.items():
         count = n * len(out[name]["windows"])
         out[name]["sample_cpu_ms"] = round(sample / count * 1e3, 3)
@@ -213,15 +250,18 @@ def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None)
 
 
 def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
-    agent = build_member(name)
+    from evo.spec import load_experiment
+
     # (warm-up steps beyond min_replay, window steps --quick, window steps)
     steps = (150, 300, 1000) if name == "cartpole" else (100, 150, 400)  # the MinAtar conv members' steps cost more
-    warm = max(warm if warm is not None else 0, int(agent.task["min_replay"]) + steps[0])
-    agent.train(warm)  # past min_replay: every window learns
-    compiled = compile_now(agent) if "compiled" in arms else {}
+    exp, _ = load_experiment(ROOT / EXPERIMENTS[name], {"seed": 0})
+    warm = max(warm if warm is not None else 0, int(exp.task["min_replay"]) + steps[0])
+    agents = members(name, arms, ARCH, warm)  # past min_replay: every window learns
+    compiled = compile_members(agents, arms)
     window = steps[1] if quick else steps[2]
     return {"steps_per_window": window, "warm_steps": warm,
-            **alternate(agent, lambda _arm: agent.train(window), window, 2 if quick else 4, arms), **compiled}
+            **alternate(agents, lambda arm_name: agents(arm_name).train(window), window, 2 if quick else 4, arms),
+            **compiled}
 
 
 def main_job_section(quick: bool, generations: int | None = None) -> dict[str, Any]:
@@ -267,6 +307,8 @@ def allocator_ab(args: argparse.Namespace) -> dict[str, Any]:
                     cmd += ["--cache-dir", args.cache_dir]
                 if args.warm is not None:
                     cmd += ["--warm", str(args.warm)]
+                for text in args.arch:
+                    cmd += ["--arch", text]
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
                 env.pop("EVO_ALLOCATOR", None)  # the child's --allocator decides, not this shell's opt-out
                 subprocess.run(cmd, cwd=ROOT, env=env, check=True)
@@ -302,13 +344,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where members' networks live: cpu, cuda, cuda:N")
     parser.add_argument("--warm", type=int, default=None, help="env steps each member trains before the windows "
                         "(default: the learner 1,500, 400 --quick; members past min_replay + 100-150)")
+    parser.add_argument("--arch", action="append", default=[], metavar="KEY=VALUE",
+                        help="the arch_* arms' network: a key of the file's [agent.arch] (TOML value), repeatable")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, ARCH
     DEVICE = checked_device(args.device)
+    ARCH = dict(parse_override(text) for text in args.arch)
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     if not arms or any(a not in ARMS + EXTRA_ARMS for a in arms):
         raise SystemExit(f"--arms: expected some of {','.join(ARMS + EXTRA_ARMS)}, found {args.arms!r}")
+    if bool(ARCH) != any(a in ARCH_ARMS for a in arms):
+        raise SystemExit("--arch KEY=VALUE and the arms arch_fast / arch_compiled go together: --arch sets the network "
+                         "those arms' member trains")
     if args.allocator == "ab":
         out = allocator_ab(args)
         if args.json:
@@ -329,7 +377,7 @@ def main() -> None:
                            "python": platform.python_version(), "device": DEVICE,
                            "device_name": device_name(DEVICE),
                            "cpu_description": (cpu := cpu_description()), "cpu": cpu["model"], "cpus": os.cpu_count(),
-                           "warm": args.warm,
+                           "warm": args.warm, "arch": ARCH,
                            "loadavg_start": list(os.getloadavg())}
     t0 = time.perf_counter()
     for section in sections:
@@ -346,7 +394,7 @@ def main() -> None:
             raise SystemExit(f"--only: unknown section {section!r}; expected learner, {', '.join(EXPERIMENTS)}, mainjob")
         summary = {k: v for k, v in out[section].items()
                    if k.startswith(("ratio_median_cpu", "ratio_on"))
-                   or (k.startswith(("ratio_compiled", "ratio_bf16", "ratio_flush")) and "median_cpu" in k)
+                   or (k.startswith(("ratio_compiled", "ratio_bf16", "ratio_flush", "ratio_arch")) and "median_cpu" in k)
                    or k in ("skipped", "compile_seconds", "cache_files_before")}
         print(section, json.dumps(summary), flush=True)
     out["loadavg_end"] = list(os.getloadavg())
