@@ -196,15 +196,15 @@ def compile_now(agent: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix + key: value for key, value in out.items()}
 
 
-def members(name: str, arms: tuple[str, ...], arch: dict[str, Any] | None, warm: int) -> Callable[[str], Any]:
+def members(name: str, arms: tuple[str, ...], warm: int) -> Callable[[str], Any]:
     """The section's members, each trained `warm` env steps and compiled when a compiled arm runs on
-    it: the file's own, and with `--arch` a second one of that network for the arch_* arms. Returns
-    arm -> member."""
+    it: the file's own, and with `--arch` a second one of that network (`ARCH`) for the arch_* arms.
+    Returns arm -> member."""
     own = build_member(name)
     own.train(warm)  # compiled below, by `compile_members`
     second = None
     if any(a in ARCH_ARMS for a in arms):
-        second = build_member(name, arch=arch)
+        second = build_member(name, arch=ARCH)
         second.train(warm)
     return lambda arm_name: second if arm_name in ARCH_ARMS else own
 
@@ -223,7 +223,7 @@ def compile_members(agents: Callable[[str], Any], arms: tuple[str, ...]) -> dict
 def learner_section(quick: bool, arms: tuple[str, ...], warm: int | None = None) -> dict[str, Any]:
     from agents.efficientzero import learner
 
-    agents = members("cartpole", arms, ARCH, warm if warm is not None else 400 if quick else 1500)
+    agents = members("cartpole", arms, warm if warm is not None else 400 if quick else 1500)
     torch.set_num_threads(1)
     compiled = compile_members(agents, arms)
     n = 20 if quick else 50
@@ -256,7 +256,7 @@ def member_section(name: str, quick: bool, arms: tuple[str, ...], warm: int | No
     steps = (150, 300, 1000) if name == "cartpole" else (100, 150, 400)  # the MinAtar conv members' steps cost more
     exp, _ = load_experiment(ROOT / EXPERIMENTS[name], {"seed": 0})
     warm = max(warm if warm is not None else 0, int(exp.task["min_replay"]) + steps[0])
-    agents = members(name, arms, ARCH, warm)  # past min_replay: every window learns
+    agents = members(name, arms, warm)  # past min_replay: every window learns
     compiled = compile_members(agents, arms)
     window = steps[1] if quick else steps[2]
     return {"steps_per_window": window, "warm_steps": warm,
